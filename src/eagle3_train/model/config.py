@@ -1,0 +1,123 @@
+"""The draft's configuration, derived from the verifier's config; serialised as JSON beside every checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.utils.io import Eagle3InputError
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default taps: the residual stream entering layers 2, L//2 and L-3 (= HF hidden_states[i])."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the verifier's vocabulary V
+    draft_vocab_size: int  # Vd
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    hidden_act: str = "silu"
+    target_hidden_size: int | None = None  # verifier H when it differs from the draft's
+    num_layers: int = 1
+    aux_layer_ids: tuple[int, ...] = (2, 15, 27)  # vLLM convention: input of verifier layer i
+    verifier_num_layers: int | None = None
+    # Layer wiring options (see docs/ARCHITECTURE.md and the engines' llama_eagle3):
+    norm_before_residual: bool = False  # residual = hidden_norm(h) instead of h
+    norm_before_fc: bool = False  # RMSNorm over the concatenated aux states (input_norm)
+    fc_norm: bool = False  # one RMSNorm per aux state (fc_norm.{i})
+    norm_output: bool = False  # next step receives the post-norm hidden state
+    verifier: dict[str, Any] = field(default_factory=dict)  # name_or_path, architectures, model_type
+
+    @property
+    def aux_hidden_size(self) -> int:
+        return self.target_hidden_size or self.hidden_size
+
+    def __post_init__(self) -> None:
+        self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
+        if len(self.aux_layer_ids) != 3:
+            raise Eagle3InputError(f"aux_layer_ids must name 3 verifier layers, got {list(self.aux_layer_ids)}")
+        if self.norm_before_fc and self.fc_norm:
+            raise Eagle3InputError("norm_before_fc and fc_norm are mutually exclusive")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise Eagle3InputError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                                   f"num_key_value_heads {self.num_key_value_heads}")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise Eagle3InputError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
+
+    @classmethod
+    def from_verifier(cls, verifier_config: dict[str, Any], draft_vocab_size: int,
+                      aux_layer_ids: tuple[int, ...] | None = None, **overrides: Any) -> DraftConfig:
+        """Build the draft config from a verifier's HF config.json dict."""
+        c = verifier_config.get("text_config", verifier_config)  # multimodal wrappers keep the LM in text_config
+        H, heads = c["hidden_size"], c["num_attention_heads"]
+        L = c["num_hidden_layers"]
+        rope = c.get("rope_parameters") or {}
+        rope_theta = c.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_scaling = c.get("rope_scaling")
+        if rope_scaling is None and rope.get("rope_type", "default") != "default":
+            rope_scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        kw: dict[str, Any] = dict(
+            hidden_size=H,
+            num_attention_heads=heads,
+            num_key_value_heads=c.get("num_key_value_heads", heads),
+            head_dim=c.get("head_dim") or H // heads,
+            intermediate_size=c["intermediate_size"],
+            vocab_size=c["vocab_size"],
+            draft_vocab_size=min(draft_vocab_size, c["vocab_size"]),
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            hidden_act=c.get("hidden_act", "silu"),
+            aux_layer_ids=tuple(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(L),
+            verifier_num_layers=L,
+            verifier={"architectures": verifier_config.get("architectures"),
+                      "model_type": verifier_config.get("model_type")},
+        )
+        kw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise Eagle3InputError(f"unknown draft config keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        from eagle3_train.utils.io import write_json
+
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> DraftConfig:
+        from eagle3_train.utils.io import read_json
+
+        return cls.from_dict(read_json(path, "draft config"))
+
+    def uses_default_aux_layers(self) -> bool:
+        return self.verifier_num_layers is not None and \
+            tuple(self.aux_layer_ids) == default_aux_layer_ids(self.verifier_num_layers)
+
+
+def dump_config(cfg: DraftConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2)

@@ -1,0 +1,53 @@
+"""Read just the verifier tensors the draft needs (input embedding, lm_head) without loading the whole model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from eagle3_train.utils.io import Eagle3InputError
+
+_EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
+               "language_model.model.embed_tokens.weight")
+_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
+
+
+def _tensor_locations(verifier_dir: Path) -> dict[str, Path]:
+    index = verifier_dir / "model.safetensors.index.json"
+    if index.is_file():
+        wm = json.loads(index.read_text())["weight_map"]
+        return {k: verifier_dir / f for k, f in wm.items()}
+    single = verifier_dir / "model.safetensors"
+    if single.is_file():
+        with safe_open(str(single), "pt") as f:
+            return {k: single for k in f.keys()}
+    raise Eagle3InputError(f"verifier {verifier_dir} has no model.safetensors or model.safetensors.index.json")
+
+
+def _load(locations: dict[str, Path], keys: tuple[str, ...]) -> torch.Tensor | None:
+    for k in keys:
+        if k in locations:
+            with safe_open(str(locations[k]), "pt") as f:
+                return f.get_tensor(k)
+    return None
+
+
+def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.float32
+                       ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Return (embedding [V, H], lm_head [V, H], config dict) of a HF verifier checkpoint."""
+    verifier_dir = Path(verifier_dir)
+    config = json.loads((verifier_dir / "config.json").read_text())
+    loc = _tensor_locations(verifier_dir)
+    embed = _load(loc, _EMBED_KEYS)
+    if embed is None:
+        raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
+    head = _load(loc, _HEAD_KEYS)
+    tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False))
+    if head is None:
+        if not tied:
+            raise Eagle3InputError(f"verifier {verifier_dir}: no lm_head.weight and tie_word_embeddings is false")
+        head = embed
+    return embed.to(dtype), head.to(dtype), config

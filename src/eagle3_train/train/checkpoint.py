@@ -1,0 +1,98 @@
+"""Atomic training checkpoints: weights (safetensors), draft config, full training state, metadata."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+
+WEIGHTS = "model.safetensors"
+CONFIG = "draft_config.json"
+STATE = "training_state.pt"
+METADATA = "training_metadata.json"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_weights(model: Eagle3Draft, directory: Path) -> None:
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.trainable_state_dict().items()}
+    tensors = {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
+    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "eagle3-train"})
+
+
+def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
+                    metadata: dict[str, Any]) -> Path:
+    """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        save_weights(model, tmp)
+        model.config.save(tmp / CONFIG)
+        if training_state is not None:
+            torch.save(training_state, tmp / STATE)
+        write_json(tmp / METADATA, metadata)
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagle3Draft:
+    """Load one of our checkpoints (weights + draft_config.json). The frozen embedding comes from the verifier."""
+    directory = Path(directory)
+    if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
+        raise Eagle3InputError(f"{directory} is not an eagle3-train checkpoint (needs {CONFIG} and {WEIGHTS})")
+    model = Eagle3Draft(DraftConfig.load(directory / CONFIG))
+    state = load_file(str(directory / WEIGHTS))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("embed_tokens.")]
+    if missing or unexpected:
+        raise Eagle3InputError(f"checkpoint {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
+    if embed is not None:
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(embed)
+    return model
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    pointer = out_dir / "checkpoints" / "latest.json"
+    if not pointer.is_file():
+        return None
+    d = out_dir / "checkpoints" / read_json(pointer, "latest checkpoint pointer")["dir"]
+    return d if d.is_dir() else None
+
+
+def mark_latest(out_dir: Path, directory: Path) -> None:
+    write_json(out_dir / "checkpoints" / "latest.json", {"dir": directory.name})
+
+
+def prune(out_dir: Path, keep_last: int) -> None:
+    ckpts = sorted((out_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    for old in ckpts[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)

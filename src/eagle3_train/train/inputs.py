@@ -1,0 +1,99 @@
+"""Resolve and cross-check a training run's inputs: prepared data, hidden states, vocabulary and verifier."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.model.verifier_head import load_verifier_head
+from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunInputs:
+    prepared_dir: Path
+    prepared_manifest: dict[str, Any]
+    prepared_manifest_sha256: str
+    hidden_dir: Path
+    hidden_manifest: dict[str, Any]
+    hidden_manifest_sha256: str
+    vocab_path: Path
+    vocab_sha256: str
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    verifier_name: str
+    verifier_dir: Path
+    verifier_identity: dict[str, Any]
+    verifier_config: dict[str, Any]
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    layer_ids: tuple[int, ...]
+    _on_device: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def lm_head_on(self, device: torch.device) -> torch.Tensor:
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = self.lm_head.to(device)
+        return self._on_device[key]
+
+
+def vocab_file(path: str | Path) -> Path:
+    p = Path(path)
+    return p / "vocab.safetensors" if p.is_dir() else p
+
+
+def resolve_inputs(cfg) -> RunInputs:
+    from eagle3_train.vocab.build import load_vocab
+
+    for name in ("prepared", "hidden_states", "vocab"):
+        if not getattr(cfg, name):
+            raise Eagle3InputError(f"train.{name} is required (the output directory of that stage)")
+    prepared = Path(cfg.prepared)
+    pm_path = prepared / "manifest.json"
+    prepared_manifest = read_json(pm_path, "prepared data manifest")
+    prepared_sha = sha256_file(pm_path)
+
+    hidden = Path(cfg.hidden_states)
+    hm_path = hidden / "manifest.json"
+    hidden_manifest = read_json(hm_path, "hidden-states manifest")
+    recorded = hidden_manifest.get("prepared_manifest_sha256")
+    if recorded != prepared_sha:
+        raise Eagle3InputError(
+            f"hidden states in {hidden} were extracted from other data: their manifest records prepared manifest "
+            f"sha256 {recorded}, but {pm_path} has {prepared_sha}. Re-run `eagle3-train extract` on {prepared}.")
+
+    vpath = vocab_file(cfg.vocab)
+    d2t, t2d = load_vocab(vpath)
+
+    recorded_verifier = hidden_manifest.get("verifier", {})
+    verifier_name = cfg.verifier or recorded_verifier.get("name") or recorded_verifier.get("path")
+    if not verifier_name:
+        raise Eagle3InputError(f"{hm_path} records no verifier; pass --verifier")
+    verifier_dir = resolve_verifier(verifier_name)
+    identity = verifier_identity(verifier_dir, hash_weights=False)
+    if recorded_verifier and not same_verifier(identity, _without_hashes(recorded_verifier)):
+        raise Eagle3InputError(
+            f"verifier {verifier_dir} is not the one the hidden states in {hidden} were extracted with "
+            f"({recorded_verifier.get('path')}): config or weight files differ")
+    embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    V = vcfg.get("text_config", vcfg)["vocab_size"]
+    if t2d.shape[0] != V:
+        raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
+                               f"vocab_size is {V}")
+    layer_ids = tuple(hidden_manifest["layer_ids"])
+    return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, hidden_manifest, sha256_file(hm_path),
+                     vpath, sha256_file(vpath), d2t, t2d, str(verifier_name), verifier_dir,
+                     {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids)
+
+
+def _without_hashes(identity: dict[str, Any]) -> dict[str, Any]:
+    """Compare by sizes when the recorded identity has hashes but we only computed sizes (hashing is slow)."""
+    weights = {k: {"bytes": v["bytes"]} for k, v in identity.get("weights", {}).items()}
+    return {**identity, "weights": weights}

@@ -1,0 +1,42 @@
+"""`training_metadata.json`: where a run started from and everything needed to reproduce it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.utils.provenance import environment, now_iso
+
+FORMAT = "eagle3-train/training-metadata"
+VERSION = 1
+
+
+def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,
+                   status: str, progress: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+    pm = inputs.prepared_manifest
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "run": {"out": cfg.out, "status": status, "started": started, "updated": now_iso(),
+                "world_size": world_size},
+        # How the draft was initialised: {"method": "random", "seed"} or {"method": "finetune", "source", ...}.
+        "init": init,
+        "data": {
+            "prepared": str(inputs.prepared_dir),
+            "prepared_manifest_sha256": inputs.prepared_manifest_sha256,
+            "source": pm.get("source"),
+            "counts": pm.get("counts"),
+            "hidden_states": str(inputs.hidden_dir),
+            "hidden_states_manifest_sha256": inputs.hidden_manifest_sha256,
+            "layer_ids": list(inputs.layer_ids),
+            "hidden_states_dtype": inputs.hidden_manifest.get("dtype"),
+        },
+        "verifier": inputs.verifier_identity,
+        "vocab": {"path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256,
+                  "draft_vocab_size": int(inputs.d2t.shape[0])},
+        "draft_config": draft_config.to_dict(),
+        "settings": cfg.to_dict(),
+        "environment": environment(),
+        "progress": progress,
+        "metrics": metrics,
+    }

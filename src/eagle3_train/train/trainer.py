@@ -1,0 +1,398 @@
+"""`eagle3-train train`: training-time-test training (or finetuning) of an EAGLE-3 draft on extracted hidden states.
+
+Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single-process or under
+`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.train import checkpoint as ckpt
+from eagle3_train.train.batching import plan_batches
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.data import TrainingSamples
+from eagle3_train.train.distributed import (
+    DistInfo,
+    all_reduce_gradients,
+    all_reduce_sum_,
+    barrier,
+    broadcast_parameters,
+    destroy,
+    init_distributed,
+)
+from eagle3_train.train.inputs import RunInputs, resolve_inputs
+from eagle3_train.train.metadata import build_metadata
+from eagle3_train.train.targets import verifier_targets
+from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
+from eagle3_train.utils.config import apply_overrides, load_yaml, to_dataclass
+from eagle3_train.utils.io import Eagle3InputError, write_json
+from eagle3_train.utils.progress import progress
+from eagle3_train.utils.provenance import now_iso
+
+log = logging.getLogger(__name__)
+
+
+def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device(f"cuda:{info.local_rank}")
+    return dev
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def build_model(cfg: TrainConfig, inputs: RunInputs) -> Eagle3Draft:
+    draft_cfg = DraftConfig.from_verifier(
+        inputs.verifier_config, draft_vocab_size=inputs.d2t.shape[0], aux_layer_ids=inputs.layer_ids,
+        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+        norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output)
+    draft_cfg.verifier["name_or_path"] = inputs.verifier_name
+    torch.manual_seed(cfg.seed)
+    model = Eagle3Draft(draft_cfg)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(inputs.embed)
+        model.set_vocab(inputs.d2t, inputs.t2d)
+        if cfg.lm_head_init == "verifier":
+            model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
+        elif cfg.lm_head_init != "random":
+            raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
+    if cfg.freeze_lm_head:
+        model.lm_head.weight.requires_grad_(False)
+    return model
+
+
+def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
+    warmup = max(1, round(total_steps * warmup_ratio))
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress_ = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress_))
+    return f
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        dev_type = "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") \
+            else "cpu"
+        self.info = init_distributed(dev_type)
+        self.device = _device(cfg, self.info)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        auto = "bf16" if self.device.type == "cuda" else "fp32"
+        self.precision = auto if cfg.precision == "auto" else cfg.precision
+        if self.precision not in ("fp32", "bf16"):
+            raise Eagle3InputError(f"train.precision must be auto, fp32 or bf16, got '{cfg.precision}'")
+        self.out = Path(cfg.out)
+        self.inputs = resolve_inputs(cfg)
+        self.model = build_model(cfg, self.inputs)
+        self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
+        if cfg.finetune_from:
+            from eagle3_train.train.finetune import apply_finetune_source
+
+            self.init_record = apply_finetune_source(self.model, cfg, self.inputs)
+        self.model.to(self.device)
+        broadcast_parameters(self.model, self.info)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.train_data = TrainingSamples(cfg.prepared, cfg.hidden_states, "train")
+        if len(self.train_data) == 0:
+            raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
+        try:
+            self.val_data: TrainingSamples | None = TrainingSamples(cfg.prepared, cfg.hidden_states, "validation")
+            if len(self.val_data) == 0:
+                self.val_data = None
+        except Eagle3InputError as e:
+            log.warning("no validation data: %s", e)
+            self.val_data = None
+        self.micro_per_step = cfg.grad_accum * self.info.world_size
+        n_batches = len(plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, 0))
+        self.steps_per_epoch = max(1, n_batches // self.micro_per_step)
+        self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0  # next micro-batch index in this epoch's plan
+        self.tokens_seen = 0
+        self.best: dict[str, Any] = {}
+        self.last_val: dict[str, float] = {}
+        self.last_train: dict[str, float] = {}
+        self.started = now_iso()
+        self.writer = None
+
+    # --- bookkeeping ----------------------------------------------------------------------------------------------
+    def metadata(self, status: str) -> dict[str, Any]:
+        return build_metadata(self.cfg, self.inputs, self.model.config, self.init_record, self.info.world_size,
+                              started=self.started, status=status,
+                              progress={"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
+                                        "tokens": self.tokens_seen},
+                              metrics={"train": self.last_train, "validation": self.last_val, "best": self.best})
+
+    def training_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
+                "last_val": self.last_val, "last_train": self.last_train, "started": self.started}
+
+    def save(self, reason: str) -> None:
+        if self.info.is_main:
+            d = ckpt.save_checkpoint(self.out / "checkpoints" / f"step-{self.step:07d}", self.model,
+                                     self.training_state(), self.metadata("running"))
+            ckpt.mark_latest(self.out, d)
+            ckpt.prune(self.out, self.cfg.keep_last)
+            log.info("saved %s (%s)", d, reason)
+        barrier(self.info)
+
+    def resume(self) -> bool:
+        latest = ckpt.latest_checkpoint(self.out)
+        if latest is None:
+            return False
+        state = torch.load(latest / ckpt.STATE, map_location="cpu", weights_only=False)
+        src = ckpt.load_draft(latest, embed=self.inputs.embed)
+        if src.config.to_dict() != self.model.config.to_dict():
+            raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
+        self.model.load_state_dict(src.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
+            setattr(self, k, state[k])
+        ckpt.set_rng_state(state["rng"])
+        prev = json.loads((latest / ckpt.METADATA).read_text())
+        self.init_record = prev.get("init", self.init_record)
+        self._truncate_metrics(self.step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
+        return True
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+        path = self.out / "metrics.jsonl"
+        if self.info.is_main and path.is_file():
+            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            path.write_text("".join(x + "\n" for x in keep))
+
+    def log_metrics(self, split: str, values: dict[str, float]) -> None:
+        if not self.info.is_main:
+            return
+        rec = {"step": self.step, "epoch": self.epoch, "split": split, "time": time.time(), **values}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.writer is not None:
+            for k, v in values.items():
+                self.writer.add_scalar(f"{split}/{k}", v, self.step)
+
+    # --- compute ------------------------------------------------------------------------------------------------
+    def _forward(self, batch, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        with _autocast(self.device, self.precision):
+            targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
+                                       self.model.draft_token_ids(), self.model.t2d)
+            return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
+                               noise=cfg.noise)
+
+    def train_step(self, micro: list[list[int]]) -> tuple[StepSums, int]:
+        """One optimizer step over this rank's share of `micro` (all ranks see the same list)."""
+        cfg = self.cfg
+        mine = micro[self.info.rank::self.info.world_size]
+        batches = [self.train_data.batch(b) for b in mine]
+        denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
+        for b in batches:
+            denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
+        all_reduce_sum_(denom, self.info)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = StepSums(cfg.ttt_steps)
+        tokens = 0
+        for b in batches:
+            b = b.to(self.device, torch.float32)
+            loss, s = self._forward(b, denom.to(self.device))
+            loss.backward()
+            sums.add(s)
+            tokens += b.num_tokens
+        all_reduce_gradients(self.params, self.info)
+        if cfg.grad_clip and cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        all_reduce_sum_(sums.values, self.info)
+        t = torch.tensor([tokens], dtype=torch.float64)
+        all_reduce_sum_(t, self.info)
+        return sums, int(t.item())
+
+    @torch.no_grad()
+    def evaluate(self, data: TrainingSamples | None = None) -> dict[str, float]:
+        data = data or self.val_data
+        if data is None:
+            return {}
+        self.model.eval()
+        plan = plan_batches(data.lengths, self.cfg.token_budget, 0, 0, shuffle=False)
+        if self.cfg.max_eval_batches:
+            plan = plan[:self.cfg.max_eval_batches]
+        sums = StepSums(self.cfg.ttt_steps)
+        for b in plan[self.info.rank::self.info.world_size]:
+            batch = data.batch(b).to(self.device, torch.float32)
+            denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
+            _, s = self._forward(batch, denom)
+            sums.add(s)
+        all_reduce_sum_(sums.values, self.info)
+        return sums.summary()
+
+    def _best_key(self) -> str:
+        return f"accept_len_k{self.cfg.ttt_steps}"
+
+    def maybe_best(self, val: dict[str, float]) -> None:
+        key = self._best_key()
+        if key in val and val[key] > self.best.get(key, -1.0):
+            self.best = {key: val[key], "step": self.step}
+            if self.info.is_main:
+                ckpt.save_checkpoint(self.out / "checkpoints" / "best", self.model, None, self.metadata("best"))
+            barrier(self.info)
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.info.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        barrier(self.info)
+        if cfg.resume:
+            if not self.resume():
+                log.info("--resume: no checkpoint in %s, starting fresh", self.out)
+        elif ckpt.latest_checkpoint(self.out) is not None:
+            raise Eagle3InputError(f"{self.out} already holds checkpoints: pass --resume to continue that run, "
+                                   f"or choose another --out")
+        if self.info.is_main:
+            write_json(self.out / "training_metadata.json", self.metadata("running"))
+            if cfg.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        bar = progress(total=self.total_steps, desc="train", unit="step", initial=self.step,
+                       disable=not self.info.is_main or None)
+        t0, tok0 = time.time(), self.tokens_seen
+        window = StepSums(cfg.ttt_steps)
+        eval_every = cfg.eval_every or self.steps_per_epoch
+        while self.step < self.total_steps:
+            plan = plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, self.epoch)
+            usable = len(plan) - len(plan) % self.micro_per_step
+            while self.batch_in_epoch + self.micro_per_step <= usable and self.step < self.total_steps:
+                micro = plan[self.batch_in_epoch:self.batch_in_epoch + self.micro_per_step]
+                sums, tokens = self.train_step(micro)
+                self.batch_in_epoch += self.micro_per_step
+                self.step += 1
+                self.tokens_seen += tokens
+                window.add(sums.values)
+                rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+                    summary = window.summary()
+                    self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate}
+                    self.log_metrics("train", self.last_train)
+                    bar.set_postfix(loss=f"{summary['loss']:.3f}", acc0=f"{summary['acc_0']:.3f}",
+                                    tok_s=f"{rate:.0f}")
+                    window = StepSums(cfg.ttt_steps)
+                if self.step % eval_every == 0 and self.step < self.total_steps:
+                    self._validate()
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save("periodic")
+            if self.step < self.total_steps:  # epoch finished
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                self.save("end of epoch")
+        bar.close()
+        self._validate()
+        self.save("end of training")
+        train_rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
+        result = {"out": str(self.out), "step": self.step, "train": self.last_train, "validation": self.last_val,
+                  "best": self.best, "tokens_per_s": train_rate,
+                  "final_checkpoint": str(self.out / "checkpoints" / f"step-{self.step:07d}")}
+        if self.info.is_main:
+            meta = self.metadata("finished")
+            meta["run"]["tokens_per_s"] = train_rate
+            write_json(self.out / "training_metadata.json", meta)
+            ckpt.save_checkpoint(self.out / "final", self.model, None, meta)
+            result["final"] = str(self.out / "final")
+            if self.writer is not None:
+                self.writer.close()
+            from eagle3_train.train.plots import plot_metrics
+
+            plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
+        destroy(self.info)
+        return result
+
+    def _validate(self) -> None:
+        val = self.evaluate()
+        if val:
+            self.last_val = val
+            self.log_metrics("validation", val)
+            self.maybe_best(val)
+            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (k=%d) %.3f", self.step,
+                     val["loss"], val["acc_0"], self.cfg.ttt_steps, val[self._best_key()])
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    return Trainer(cfg).run()
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------------
+_FLAGS = {  # flag -> TrainConfig field, for the most used settings; everything else via --set train.KEY=VALUE
+    "--prepared": "prepared", "--hidden-states": "hidden_states", "--vocab": "vocab", "--out": "out",
+    "--verifier": "verifier", "--ttt-steps": "ttt_steps", "--epochs": "epochs", "--max-steps": "max_steps",
+    "--token-budget": "token_budget", "--grad-accum": "grad_accum", "--lr": "lr", "--seed": "seed",
+    "--device": "device", "--precision": "precision", "--save-every": "save_every", "--eval-every": "eval_every",
+    "--finetune-from": "finetune_from", "--finetune-vocab": "finetune_vocab", "--noise": "noise",
+    "--log-every": "log_every",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML run config; its `train` section is used")
+    types = {f: type(v) for f, v in TrainConfig().to_dict().items() if v is not None}
+    for flag, field in _FLAGS.items():
+        t = types.get(field, str)
+        p.add_argument(flag, dest=field, type=t if t in (int, float) else str, default=None)
+    p.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint in --out")
+    p.add_argument("--allow-missing", action="store_true", default=None,
+                   help="finetune even when the source lacks trainable tensors (they start random)")
+    p.add_argument("--set", action="append", default=[], metavar="train.KEY=VALUE", help="override any setting")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    raw: dict[str, Any] = {}
+    if args.config:
+        raw = load_yaml(args.config)
+    raw = apply_overrides(raw, args.set)
+    values = dict(raw.get("train", {}))
+    for field in list(_FLAGS.values()) + ["resume", "allow_missing"]:
+        v = getattr(args, field, None)
+        if v is not None:
+            values[field] = v
+    return to_dataclass(TrainConfig, values, "train settings")
+
+
+def main(args: argparse.Namespace) -> int:
+    result = train(config_from_args(args))
+    print(json.dumps({k: result[k] for k in ("out", "step", "tokens_per_s", "best", "final") if k in result},
+                     indent=2))
+    return 0

@@ -1,0 +1,54 @@
+"""YAML run configs with command-line overrides (`--set train.lr=3e-4`), mapped onto stage dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from eagle3_train.utils.io import Eagle3InputError
+
+T = TypeVar("T")
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise Eagle3InputError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise Eagle3InputError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise Eagle3InputError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def apply_overrides(config: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML (numbers, booleans, lists)."""
+    for item in overrides or []:
+        if "=" not in item:
+            raise Eagle3InputError(f"override '{item}' must look like section.key=value")
+        key, raw = item.split("=", 1)
+        node = config
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise Eagle3InputError(f"override '{item}': '{p}' is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return config
+
+
+def to_dataclass(cls: type[T], values: dict[str, Any], where: str) -> T:
+    """Build a dataclass, naming unknown keys and the section they came from."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise Eagle3InputError(f"unknown key(s) {unknown} in {where}; known: {sorted(names)}")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise Eagle3InputError(f"{where}: {e}") from None

@@ -1,0 +1,92 @@
+"""The draft module: training-time test must compute exactly what chain decoding with a KV cache (vLLM) computes."""
+
+import pytest
+import torch
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+
+
+def tiny_config(**kw) -> DraftConfig:
+    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                vocab_size=200, draft_vocab_size=50, rope_theta=10000.0, aux_layer_ids=(1, 2, 3),
+                verifier_num_layers=6)
+    base.update(kw)
+    return DraftConfig(**base)
+
+
+def ttt_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    B, L = ids.shape
+    h = model.fuse(aux)
+    caches = model.new_ttt_caches()
+    pos = torch.arange(L).expand(B, L)
+    out = []
+    for j in range(steps):
+        ids_j = torch.nn.functional.pad(ids[:, 1 + j:], (0, 1 + j))
+        o = model.ttt_step(h, ids_j, pos + j, caches)
+        out.append(model.logits(o))
+        h = model.next_hidden(o)
+    return out
+
+
+def chain_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list[torch.Tensor]:
+    """Decode like vLLM: step 0 over positions 0..t with the verifier features, then one token per step."""
+    h = model.fuse(aux[:, : t + 1])
+    logits, h_next, kv = model.forward_cached(h, ids[:, 1: t + 2], torch.arange(t + 1)[None], None)
+    out = [logits[:, -1]]
+    h = h_next[:, -1:]
+    for j in range(1, steps):
+        logits, h_next, kv = model.forward_cached(h, ids[:, t + 1 + j: t + 2 + j], torch.tensor([[t + j]]), kv)
+        out.append(logits[:, -1])
+        h = h_next
+    return out
+
+
+@pytest.mark.parametrize("options", [{}, {"norm_before_residual": True}, {"norm_output": True, "norm_before_fc": True},
+                                     {"fc_norm": True}, {"num_layers": 2}])
+def test_ttt_matches_chain_decoding(options):
+    torch.manual_seed(0)
+    model = Eagle3Draft(tiny_config(**options)).eval()
+    L, steps = 12, 4
+    aux = torch.randn(1, L, 3 * 64)
+    ids = torch.randint(0, 200, (1, L))
+    with torch.no_grad():
+        ttt = ttt_logits(model, aux, ids, steps)
+        for t in (0, 3, L - 2 - steps):
+            chain = chain_logits(model, aux, ids, t, steps)
+            for j in range(steps):
+                torch.testing.assert_close(ttt[j][:, t], chain[j], rtol=1e-4, atol=1e-5)
+
+
+def test_padding_does_not_change_valid_positions():
+    torch.manual_seed(1)
+    model = Eagle3Draft(tiny_config()).eval()
+    a = (torch.randn(1, 9, 192), torch.randint(0, 200, (1, 9)))
+    b = (torch.randn(1, 14, 192), torch.randint(0, 200, (1, 14)))
+    aux = torch.zeros(2, 14, 192)
+    ids = torch.zeros(2, 14, dtype=torch.long)
+    aux[0, :9], ids[0, :9] = a[0][0], a[1][0]
+    aux[1], ids[1] = b[0][0], b[1][0]
+    with torch.no_grad():
+        batched = ttt_logits(model, aux, ids, 3)
+        alone = ttt_logits(model, *a, 3)
+    for j in range(3):
+        n = 9 - 2 - j  # positions whose inputs lie inside the unpadded sample
+        torch.testing.assert_close(batched[j][0, :n], alone[j][0, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_ttt_gradients_flow_to_all_trainable_weights():
+    model = Eagle3Draft(tiny_config())
+    logits = ttt_logits(model, torch.randn(2, 10, 192), torch.randint(0, 200, (2, 10)), 3)
+    sum(x.sum() for x in logits).backward()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert model.embed_tokens.weight.grad is None
+
+
+def test_config_validation_errors_are_clear():
+    with pytest.raises(ValueError, match="aux_layer_ids"):
+        tiny_config(aux_layer_ids=(1, 2))
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        tiny_config(norm_before_fc=True, fc_norm=True)
