@@ -1,0 +1,118 @@
+"""config.json and tensor names of the two formats the engines read (see docs/ARCHITECTURE.md).
+
+- "eagle": original EAGLE / SpecForge / SGLang (`LlamaForCausalLMEagle3`, `midlayer.*`); vLLM loads it too.
+- "speculators": vLLM's speculators format (`Eagle3Speculator`, `layers.N.*`); `vllm serve DIR` works alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_train.model.config import DraftConfig
+
+SPECULATORS_VERSION = "0.9.0"  # the speculators format version whose config layout we write
+
+
+def _llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    rope_parameters = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
+    return {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "num_hidden_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        # Both spellings: transformers 4 (SGLang) reads rope_theta/rope_scaling, transformers 5 rope_parameters.
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "rope_parameters": rope_parameters,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,  # SGLang would tie lm_head to the embedding otherwise
+        "torch_dtype": dtype,
+    }
+
+
+def _aux_ids(cfg: DraftConfig) -> list[int] | None:
+    """None when the taps are the engines' default (then no key is written and both engines agree)."""
+    return None if cfg.uses_default_aux_layers() else list(cfg.aux_layer_ids)
+
+
+def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    c: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], **_llama_fields(cfg, dtype)}
+    c["draft_vocab_size"] = cfg.draft_vocab_size
+    if cfg.target_hidden_size and cfg.target_hidden_size != cfg.hidden_size:
+        c["target_hidden_size"] = cfg.target_hidden_size
+    c["norm_before_residual"] = cfg.norm_before_residual  # explicit: engines disagree on its default
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if getattr(cfg, flag):
+            c[flag] = True
+    eagle_cfg: dict[str, Any] = {"use_aux_hidden_state": True}
+    ids = _aux_ids(cfg)
+    if ids is not None:
+        c["eagle_aux_hidden_state_layer_ids"] = ids  # vLLM: input of layer i
+        eagle_cfg["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]  # SGLang: output of layer i
+    c["eagle_config"] = eagle_cfg
+    return c
+
+
+def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: int,
+                            verifier_name_or_path: str) -> dict[str, Any]:
+    layer = _llama_fields(cfg, dtype)
+    layer["architectures"] = ["LlamaForCausalLM"]
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name_or_path,
+                         "architectures": cfg.verifier.get("architectures") or ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "target_hidden_size": cfg.target_hidden_size if cfg.target_hidden_size != cfg.hidden_size else None,
+        "eagle_aux_hidden_state_layer_ids": _aux_ids(cfg),
+        "torch_dtype": dtype,
+    }
+
+
+def export_key(our_key: str, fmt: str) -> str:
+    if fmt == "eagle" and our_key.startswith("layers.0."):
+        return "midlayer." + our_key[len("layers.0."):]
+    return our_key
+
+
+def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor (our names) an exported draft must carry, with its shape."""
+    H, Ht, inter = cfg.hidden_size, cfg.aux_hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, 3 * Ht), "norm.weight": (H,),
+                                          "lm_head.weight": (cfg.draft_vocab_size, H),
+                                          "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    if cfg.norm_before_fc:
+        shapes["input_norm.weight"] = (3 * Ht,)
+    if cfg.fc_norm:
+        shapes.update({f"fc_norm.{i}.weight": (Ht,) for i in range(3)})
+    for n in range(cfg.num_layers):
+        width = 2 * H if n == 0 else H
+        p = f"layers.{n}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (q, width), p + "self_attn.k_proj.weight": (kv, width),
+                       p + "self_attn.v_proj.weight": (kv, width), p + "self_attn.o_proj.weight": (H, q),
+                       p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
+                       p + "mlp.down_proj.weight": (H, inter)})
+        if n == 0:
+            shapes[p + "hidden_norm.weight"] = (H,)
+    return shapes
