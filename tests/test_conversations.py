@@ -1,0 +1,246 @@
+"""Conversation sources: embedded ShareGPT, local ShareGPT/OpenAI files, generate output, cut-off files, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_train.assets.conversations import load_conversations, normalize_turns, sharegpt_path
+from eagle3_train.utils.io import Eagle3InputError
+
+SHAREGPT_RECORDS = [
+    {"id": "a1", "conversations": [{"from": "human", "value": "Héllo ✓ wörld"},
+                                   {"from": "gpt", "value": "Hi there — ünïcode"}]},
+    {"id": "b2", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "user", "value": "2+2?"},
+                                   {"from": "chatgpt", "value": "4"}]},
+    {"id": "c3", "conversations": [{"from": "human", "value": "q"}, {"from": "bard", "value": "r"},
+                                   {"from": "human", "value": "q2"}, {"from": "bing", "value": "r2"}]},
+]
+
+
+def write_json_array(path: Path, records: list) -> str:
+    text = json.dumps(records, indent=2, ensure_ascii=False)
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def collect(source, limit=None):
+    it, info = load_conversations(source, limit=limit)
+    return list(it), info
+
+
+def test_sharegpt_json_array(tmp_path):
+    f = tmp_path / "data.json"
+    write_json_array(f, SHAREGPT_RECORDS)
+    convs, info = collect(f)
+    assert [c.id for c in convs] == ["a1", "b2", "c3"]
+    assert convs[0].messages == [{"role": "user", "content": "Héllo ✓ wörld"},
+                                 {"role": "assistant", "content": "Hi there — ünïcode"}]
+    assert [m["role"] for m in convs[1].messages] == ["system", "user", "assistant"]
+    assert [m["role"] for m in convs[2].messages] == ["user", "assistant", "user", "assistant"]
+    assert info.container == "json-array" and info.formats == {"sharegpt": 3}
+    assert info.records == 3 and info.conversations == 3 and info.complete and info.broken_tail is None
+    assert info.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert info.path == str(f)
+
+
+def test_limit_stops_early(tmp_path):
+    f = tmp_path / "data.json"
+    write_json_array(f, SHAREGPT_RECORDS)
+    convs, info = collect(f, limit=2)
+    assert [c.id for c in convs] == ["a1", "b2"]
+    assert not info.complete and info.limit == 2
+
+
+def test_cut_off_array_reports_broken_tail(tmp_path):
+    full = json.dumps(SHAREGPT_RECORDS, indent=2, ensure_ascii=False)
+    # cut inside the value of the last record, as in the embedded ShareGPT file
+    third_start = full.index('{\n    "id": "c3"')
+    cut = full[: full.index('"r2"') + 2]
+    f = tmp_path / "cut.json"
+    f.write_text(cut, encoding="utf-8")
+    convs, info = collect(f)
+    assert [c.id for c in convs] == ["a1", "b2"]
+    expected_offset = len(full[:third_start].encode("utf-8"))  # bytes, not characters (non-ASCII before it)
+    assert expected_offset != third_start
+    assert info.broken_tail == {"byte_offset": expected_offset, "bytes": len(cut.encode("utf-8")) - expected_offset}
+    assert info.complete
+
+
+def test_array_cut_between_records(tmp_path):
+    full = json.dumps(SHAREGPT_RECORDS[:2])
+    f = tmp_path / "cut.json"
+    f.write_text(full[:-1] + ",")  # closing bracket lost
+    convs, info = collect(f)
+    assert len(convs) == 2
+    assert info.broken_tail["bytes"] == 0
+
+
+def test_cut_off_jsonl_last_line(tmp_path):
+    lines = [json.dumps({"id": str(k), "messages": [{"role": "user", "content": "u"},
+                                                    {"role": "assistant", "content": f"a{k}"}]}) for k in range(3)]
+    f = tmp_path / "data.jsonl"
+    f.write_text("\n".join(lines[:2]) + "\n" + lines[2][:20])
+    convs, info = collect(f)
+    assert [c.id for c in convs] == ["0", "1"]
+    assert info.container == "json-lines" and info.formats == {"messages": 2}
+    assert info.broken_tail["byte_offset"] == len(("\n".join(lines[:2]) + "\n").encode())
+
+
+def test_openai_messages_and_content_parts(tmp_path):
+    f = tmp_path / "chat.jsonl"
+    rows = [
+        {"id": "x", "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+                                 {"role": "assistant", "content": [{"type": "text", "text": "A"},
+                                                                   {"type": "text", "text": "B"}]}]},
+        {"messages": [{"role": "user", "content": "no id"}, {"role": "assistant", "content": "ok"}]},
+    ]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    convs, _ = collect(f)
+    assert convs[0].messages[2] == {"role": "assistant", "content": "AB"}
+    # without an id: a content hash, the same on every load, different for different content
+    again, _ = collect(f)
+    assert convs[1].id == again[1].id and len(convs[1].id) == 16
+    rows[1]["messages"][1]["content"] = "other"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    changed, _ = collect(f)
+    assert changed[1].id != convs[1].id
+
+
+def test_generate_output_directory(tmp_path):
+    d = tmp_path / "generated"
+    d.mkdir()
+    row = {"id": "g1", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    (d / "conversations.jsonl").write_text(json.dumps(row) + "\n")
+    convs, info = collect(d)
+    assert convs[0].id == "g1" and info.path == str(d / "conversations.jsonl")
+
+
+def test_duplicate_ids_renamed(tmp_path):
+    f = tmp_path / "dup.json"
+    rec = SHAREGPT_RECORDS[0]
+    write_json_array(f, [rec, {**rec, "conversations": rec["conversations"][:1]}, rec])
+    convs, info = collect(f)
+    assert [c.id for c in convs] == ["a1", "a1#2", "a1#3"]
+    assert info.renamed_duplicate_ids == 2
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+def test_missing_file(tmp_path):
+    with pytest.raises(Eagle3InputError, match="not found.*nope.json"):
+        load_conversations(tmp_path / "nope.json")
+
+
+def test_directory_without_conversations(tmp_path):
+    with pytest.raises(Eagle3InputError, match="conversations.jsonl"):
+        load_conversations(tmp_path)
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("", "is empty"),
+    ("  \n", "is empty"),
+    ("[]", "no conversation records"),
+    ('[{"id": "a", "conversations": []} {"id": "b"}]', "expected ',' or ']'"),
+    ('{"messages": []}\n{"messages": [}\n{"messages": []}\n', r"record 2 \(line 2, column \d+\): invalid JSON"),
+    ('[{"id": 1, "conversations": []}] trailing', "unexpected text after the JSON array"),
+])
+def test_invalid_json(tmp_path, text, pattern):
+    f = tmp_path / "bad.json"
+    f.write_text(text)
+    with pytest.raises(Eagle3InputError, match=pattern) as e:
+        collect(f)
+    assert str(f) in str(e.value)
+
+
+def test_not_utf8(tmp_path):
+    f = tmp_path / "latin1.json"
+    f.write_bytes('[{"conversations": [{"from": "human", "value": "caf\xe9"}]}]'.encode("latin-1"))
+    with pytest.raises(Eagle3InputError, match="not UTF-8"):
+        collect(f)
+
+
+@pytest.mark.parametrize("record, pattern", [
+    ([1, 2], "expected a JSON object"),
+    ({"id": "x", "turns": []}, "missing field 'conversations'.*or 'messages'"),
+    ({"id": "x", "conversations": "hello"}, "field 'conversations' must be a list"),
+    ({"id": "x", "conversations": [{"from": "human"}]}, r"conversations\[0\]: expected an object with fields 'from' "
+                                                        "and 'value'"),
+    ({"id": "x", "messages": [{"role": "user", "text": "t"}]}, "fields 'role' and 'content'"),
+    ({"id": "x", "conversations": [{"from": "robot", "value": "v"}]}, "unknown role 'robot'.*expected one of"),
+    ({"id": "x", "messages": [{"role": "tool", "content": "v"}]}, "unknown role 'tool'"),
+    ({"id": "x", "messages": [{"role": "user", "content": 5}]}, "field 'content' must be a string"),
+    ({"id": "x", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non-text content part"),
+])
+def test_bad_records_name_file_record_and_field(tmp_path, record, pattern):
+    f = tmp_path / "bad.jsonl"
+    good = {"id": "ok", "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]}
+    f.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(Eagle3InputError, match=pattern) as e:
+        collect(f)
+    assert str(f) in str(e.value) and "record 2 (line 2)" in str(e.value)
+
+
+# ---- turn structure --------------------------------------------------------------------------------------------
+
+def _msgs(*roles):
+    return [{"role": r, "content": f"{r} {k}"} for k, r in enumerate(roles)]
+
+
+@pytest.mark.parametrize("roles, expected_roles, reason", [
+    (("user", "assistant"), ("user", "assistant"), None),
+    (("system", "user", "assistant", "user", "assistant"), ("system", "user", "assistant", "user", "assistant"),
+     None),
+    (("user", "assistant", "user"), ("user", "assistant"), None),  # unanswered last question dropped
+    (("assistant", "user", "assistant"), ("user", "assistant"), None),  # ShareGPT continuation part
+    (("system", "assistant", "user", "assistant"), ("system", "user", "assistant"), None),
+    ((), None, "empty_conversation"),
+    (("user",), None, "no_assistant_turn"),
+    (("assistant",), None, "no_assistant_turn"),
+    (("user", "user", "assistant"), None, "broken_alternation"),
+    (("user", "assistant", "assistant"), None, "broken_alternation"),
+    (("user", "system", "assistant"), None, "system_not_first"),
+])
+def test_normalize_turns(roles, expected_roles, reason):
+    messages, got = normalize_turns(_msgs(*roles))
+    assert got == reason
+    if expected_roles is None:
+        assert messages is None
+    else:
+        assert tuple(m["role"] for m in messages) == expected_roles
+
+
+def test_normalize_turns_skip_leading_assistant_and_empty_turns():
+    assert normalize_turns(_msgs("assistant", "user", "assistant"), "skip") == (None, "assistant_first")
+    msgs = _msgs("user", "assistant")
+    msgs[1]["content"] = "  \n"
+    assert normalize_turns(msgs) == (None, "empty_turn")
+
+
+# ---- the embedded ShareGPT file ----------------------------------------------------------------------------------
+
+def test_embedded_sharegpt_first_records():
+    convs, info = collect("sharegpt", limit=20)
+    assert len(convs) == 20 and len({c.id for c in convs}) == 20
+    assert info.path == str(sharegpt_path()) and info.formats == {"sharegpt": 20}
+    assert all(m["role"] in ("system", "user", "assistant") for c in convs for m in c.messages)
+
+
+@pytest.mark.slow
+def test_embedded_sharegpt_whole_file_reports_cut_off_tail():
+    path = sharegpt_path()
+    size = path.stat().st_size
+    n = 0
+    it, info = load_conversations("sharegpt")
+    for _ in it:
+        n += 1
+    assert n == info.conversations == info.records
+    assert info.broken_tail is not None
+    tail = path.read_bytes()[info.broken_tail["byte_offset"]:]
+    assert info.broken_tail["byte_offset"] + info.broken_tail["bytes"] == size
+    assert tail.lstrip(b", \n").startswith(b"{")  # the tail is the start of a record that never ends
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(tail.lstrip(b", \n"))
