@@ -1,0 +1,230 @@
+"""Served evaluation: the acceptance length a draft really reaches in a running vLLM server.
+
+Sends the prompts as chat completions (temperature 0, bounded concurrency; MT-bench's second turn follows the model's
+own first answer), reads vLLM's Prometheus counters at `/metrics` before and after, and derives
+mean acceptance length = 1 + accepted / drafts and per-position acceptance = accepted_at_pos[i] / drafts.
+With a baseline server (same verifier, no draft) it also measures the speed-up and compares the greedy outputs,
+which must be identical: speculative decoding must not change what the verifier generates.
+
+Python API: `evaluate_served(base_url, model, prompts, ...) -> dict` (with `completions`);
+`add_served_arguments(parser)` / `run_served(args)` for the `evaluate` CLI's served mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
+from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
+from eagle3_train.generate.client import ChatPool, ContextTooLongError, RequestRejected
+from eagle3_train.utils.io import Eagle3InputError, write_json
+from eagle3_train.utils.progress import progress
+
+log = logging.getLogger(__name__)
+
+
+def root_url(base_url: str) -> str:
+    """`http://host:port/v1` -> `http://host:port` (where /metrics and /health live)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def fetch_metrics(base_url: str, timeout: float = 30.0) -> str:
+    url = root_url(base_url) + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode("utf-8")
+    except OSError as e:
+        raise Eagle3InputError(f"cannot read Prometheus metrics at {url}: {e} (is it a vLLM server?)") from None
+
+
+async def _run_prompts(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int,
+                       api_key: str, timeout_s: float, desc: str) -> tuple[list[dict], float]:
+    pool = ChatPool([base_url], model, api_key=api_key, timeout_s=timeout_s)
+    results: list[dict | None] = [None] * len(prompts)
+    sem = asyncio.Semaphore(concurrency)
+    bar = progress(total=len(prompts), desc=desc, unit="prompt")
+
+    async def one(i: int, p: EvalPrompt) -> None:
+        async with sem:
+            messages: list[dict[str, str]] = []
+            rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": p.turns, "outputs": [],
+                                   "finish_reasons": [], "completion_tokens": []}
+            for turn in p.turns:
+                messages.append({"role": "user", "content": turn})
+                try:
+                    reply = await pool.chat(messages, max_tokens=max_tokens, temperature=0.0)
+                except (ContextTooLongError, RequestRejected) as e:
+                    rec["error"] = str(e)[:300]
+                    break
+                messages.append({"role": "assistant", "content": reply.content})
+                rec["outputs"].append(reply.content)
+                rec["finish_reasons"].append(reply.finish_reason)
+                rec["completion_tokens"].append(int(reply.usage.get("completion_tokens", 0)))
+            results[i] = rec
+            bar.update(1)
+
+    try:
+        await pool.check_model()
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        wall = time.monotonic() - t0
+    finally:
+        bar.close()
+        await pool.aclose()
+    return [r for r in results if r is not None], wall
+
+
+def _throughput(completions: list[dict], wall: float) -> dict[str, Any]:
+    tokens = sum(sum(c["completion_tokens"]) for c in completions)
+    requests = sum(len(c["outputs"]) for c in completions)
+    return {"requests": requests, "generated_tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 3) if wall > 0 else None,
+            "requests_per_s": round(requests / wall, 3) if wall > 0 else None,
+            "errors": sum("error" in c for c in completions)}
+
+
+def _measure(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int, api_key: str,
+             timeout_s: float, desc: str) -> tuple[dict, list[dict]]:
+    before = spec_decode_counters(parse_prometheus(fetch_metrics(base_url)))
+    completions, wall = asyncio.run(_run_prompts(base_url, model, prompts, max_tokens, concurrency, api_key,
+                                                 timeout_s, desc))
+    after = spec_decode_counters(parse_prometheus(fetch_metrics(base_url)))
+    stats = {"endpoint": base_url, "model": model, **_throughput(completions, wall)}
+    diff = after.since(before)
+    stats["speculative"] = diff.present
+    stats["spec_decode_metric_names"] = diff.metric_names
+    stats["acceptance"] = diff.summary() if diff.present else None
+    return stats, completions
+
+
+def evaluate_served(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int = 128,
+                    concurrency: int = 8, baseline_url: str | None = None, baseline_model: str | None = None,
+                    api_key: str = "EMPTY", timeout_s: float = 600.0) -> dict[str, Any]:
+    """Acceptance and throughput of a speculative vLLM server (and optionally of a baseline without a draft).
+
+    The counters are server-wide: run nothing else against the server meanwhile. The baseline is measured after
+    the speculative run, not at the same time, so the two do not share the CPU/GPU.
+    Returns a dict with `acceptance` (None when the server has no spec-decode counters), throughput, `baseline`,
+    `speedup`, `greedy_identical`, and the texts in `completions` / `baseline_completions`.
+    """
+    if not prompts:
+        raise Eagle3InputError("no prompts to evaluate")
+    if concurrency < 1:
+        raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+    stats, completions = _measure(base_url, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served")
+    if not stats["speculative"]:
+        log.warning("%s exposes no vllm:spec_decode_* counters: is it started with a draft?", base_url)
+    result: dict[str, Any] = {"mode": "served", "n_prompts": len(prompts), "max_tokens": max_tokens,
+                              "concurrency": concurrency, "temperature": 0.0,
+                              "benchmarks": sorted({p.benchmark for p in prompts}), **stats}
+    if result["acceptance"]:
+        a = result["acceptance"]
+        log.info("mean acceptance length %.3f, per position %s", a["mean_acceptance_length"] or 0,
+                 [round(x, 3) for x in a["per_position_acceptance"] or []])
+    result["completions"] = completions
+    if baseline_url:
+        base_stats, base_completions = _measure(baseline_url, baseline_model or model, prompts, max_tokens,
+                                                concurrency, api_key, timeout_s, "baseline")
+        base_stats.pop("acceptance", None)
+        result["baseline"] = base_stats
+        if stats["tokens_per_s"] and base_stats["tokens_per_s"]:
+            result["speedup"] = round(stats["tokens_per_s"] / base_stats["tokens_per_s"], 4)
+        same = sum(a["outputs"] == b["outputs"] for a, b in zip(completions, base_completions))
+        result["greedy_identical"] = {"identical": same, "compared": len(completions),
+                                      "differing_ids": [a["id"] for a, b in zip(completions, base_completions)
+                                                        if a["outputs"] != b["outputs"]]}
+        result["baseline_completions"] = base_completions
+    return result
+
+
+# --- CLI wiring for `eagle3-train evaluate` (served mode) -----------------------------------------------------
+def _add(parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
+    """Add an option unless the evaluate CLI already defines it (shared options such as --draft, --out)."""
+    if any(f in parser._option_string_actions for f in flags):
+        return
+    parser.add_argument(*flags, **kw)
+
+
+def add_served_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of served evaluation. Either --endpoint (a running server with the draft) or --draft (a vLLM server
+    is started for --verifier with that draft; --baseline also starts one without it)."""
+    _add(parser, "--endpoint", help="OpenAI base URL of a running vLLM server with the draft (…/v1)")
+    _add(parser, "--model", help="served model name (default: the verifier path / the only model served)")
+    _add(parser, "--baseline-endpoint", help="base URL of the same verifier served WITHOUT a draft")
+    _add(parser, "--baseline", action="store_true", help="start a baseline server without the draft too")
+    _add(parser, "--verifier", default="smollm2-135m-instruct", help="verifier name or dir (servers started here)")
+    _add(parser, "--draft", help="exported draft dir (Format A) to serve with the verifier")
+    _add(parser, "-k", "--num-speculative-tokens", type=int, default=3, help="draft chain length (default 3)")
+    _add(parser, "--enforce-eager", action="store_true", help="start servers without torch.compile")
+    _add(parser, "--max-model-len", type=int, default=2048)
+    _add(parser, "--prompts", default="mt-bench", help="mt-bench, humaneval, or a .jsonl/.txt file")
+    _add(parser, "--turns", type=int, help="keep at most this many turns per prompt (MT-bench has 2)")
+    _add(parser, "--limit", type=int, help="first N prompts")
+    _add(parser, "--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
+    _add(parser, "--concurrency", type=int, default=8)
+    _add(parser, "--out", help="output dir: results.json and served_completions.jsonl")
+
+
+def _served_model(base_url: str) -> str:
+    with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=30) as r:
+        models = [m["id"] for m in json.load(r)["data"]]
+    if len(models) != 1:
+        raise Eagle3InputError(f"{base_url} serves {models}; choose one with --model")
+    return models[0]
+
+
+def run_served(args: argparse.Namespace) -> dict[str, Any]:
+    prompts = load_prompts(args.prompts, limit=args.limit, turns=args.turns)
+    with ExitStack() as stack:
+        endpoint, baseline = args.endpoint, args.baseline_endpoint
+        servers: dict[str, Any] = {}
+        if not endpoint:
+            if not args.draft:
+                raise Eagle3InputError("served evaluation needs --endpoint URL (a running server with the draft) "
+                                       "or --draft DIR (a server is started for --verifier)")
+            from eagle3_train.assets.verifier import resolve_verifier
+            from eagle3_train.evaluate.vllm_server import VLLMServer, speculative_config, vllm_available
+
+            ok, msg = vllm_available()
+            if not ok:
+                raise Eagle3InputError(msg)
+            verifier = resolve_verifier(args.verifier)
+            logs = Path(args.out) if args.out else None
+            spec = stack.enter_context(VLLMServer(
+                verifier, speculative=speculative_config(args.draft, args.num_speculative_tokens),
+                enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+                log_path=logs / "vllm-draft.log" if logs else None))
+            endpoint, servers["draft"] = spec.base_url, {"startup_s": spec.startup_s, "log": str(spec.log_path)}
+            if args.baseline and not baseline:
+                base = stack.enter_context(VLLMServer(verifier, enforce_eager=args.enforce_eager,
+                                                      max_model_len=args.max_model_len,
+                                                      log_path=logs / "vllm-baseline.log" if logs else None))
+                baseline, servers["baseline"] = base.base_url, {"startup_s": base.startup_s,
+                                                                "log": str(base.log_path)}
+        model = args.model or _served_model(endpoint)
+        result = evaluate_served(endpoint, model, prompts, max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                 baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None)
+    result["draft"] = args.draft
+    result["servers_started"] = servers
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        completions = result.pop("completions")
+        base_completions = result.pop("baseline_completions", None)
+        with open(out / "served_completions.jsonl", "w") as f:
+            for i, c in enumerate(completions):
+                if base_completions:
+                    c = {**c, "baseline_outputs": base_completions[i]["outputs"]}
+                f.write(json.dumps(c, ensure_ascii=False) + "\n")
+        write_json(out / "results.json", result)
+        log.info("served evaluation written to %s", out / "results.json")
+    return result

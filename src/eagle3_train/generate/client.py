@@ -1,0 +1,186 @@
+"""Chat completions against one or more OpenAI-compatible endpoints, with retries and error classes that tell the
+caller what to do: retry (connection errors, timeouts, 429, 5xx — handled here with exponential backoff), skip the
+sample (`ContextTooLongError`, `RequestRejected`) or stop the whole run (`FatalRequestError`, `EndpointUnavailable`).
+
+Python API: `ChatPool(endpoints, model, ...)`; `await pool.check_model()`; `await pool.chat(messages, **sampling)
+-> ChatReply`; `await pool.aclose()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+log = logging.getLogger(__name__)
+
+# Phrases vLLM (and other OpenAI-compatible servers) use when prompt + output exceed the model's context.
+_CONTEXT_PHRASES = ("maximum context length", "context length", "context_length", "too long",
+                    "reduce the length", "max_model_len")
+
+
+class FatalRequestError(RuntimeError):
+    """A request failed in a way no retry or other sample will fix (wrong model name, authentication)."""
+
+
+class EndpointUnavailable(RuntimeError):
+    """All retries failed (server down or repeatedly failing); the run stops and can be resumed."""
+
+
+class ContextTooLongError(Exception):
+    """The conversation does not fit the server's context: this sample is skipped."""
+
+
+class RequestRejected(Exception):
+    """The server rejected this request (4xx other than the above): this sample is skipped."""
+
+
+@dataclass
+class ChatReply:
+    content: str
+    reasoning: str | None
+    finish_reason: str | None
+    usage: dict[str, int]
+    endpoint: int
+    latency_s: float
+
+
+@dataclass
+class _Endpoint:
+    url: str
+    client: openai.AsyncOpenAI
+    in_flight: int = 0
+    failures: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _error_text(e: openai.APIStatusError) -> str:
+    body = e.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return str(e.message or e)
+
+
+def is_context_error(status: int, text: str) -> bool:
+    low = text.lower()
+    return status in (400, 413, 422) and any(p in low for p in _CONTEXT_PHRASES)
+
+
+def _reasoning_of(message: Any) -> str | None:
+    extra = getattr(message, "model_extra", None) or {}
+    for key in ("reasoning_content", "reasoning"):
+        value = getattr(message, key, None) or extra.get(key)
+        if value:
+            return str(value)
+    return None
+
+
+class ChatPool:
+    """Spreads requests over several endpoints serving the same model (the least busy one first)."""
+
+    def __init__(self, endpoints: list[str], model: str, *, api_key: str = "EMPTY", timeout_s: float = 600.0,
+                 max_retries: int = 6, backoff_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+        if not endpoints:
+            raise ValueError("at least one endpoint is needed")
+        self.model = model
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.endpoints = [
+            _Endpoint(url=u.rstrip("/"), client=openai.AsyncOpenAI(base_url=u.rstrip("/"), api_key=api_key,
+                                                                   timeout=timeout_s, max_retries=0))
+            for u in endpoints]
+        self.retries = 0
+
+    async def aclose(self) -> None:
+        for ep in self.endpoints:
+            await ep.client.close()
+
+    async def check_model(self, attempts: int = 5) -> None:
+        """Fail early and clearly when an endpoint is unreachable or does not serve `self.model`."""
+        for ep in self.endpoints:
+            for attempt in range(attempts):
+                try:
+                    models = [m.id async for m in ep.client.models.list()]
+                    break
+                except openai.APIConnectionError as e:
+                    if attempt == attempts - 1:
+                        raise EndpointUnavailable(f"cannot reach {ep.url}: {e}. Is the server running? "
+                                                  f"(`eagle3-train serve --verifier NAME --port P`)") from None
+                    await asyncio.sleep(min(self.backoff_s * 2 ** attempt, self.backoff_max_s))
+                except openai.APIStatusError as e:
+                    if e.status_code in (404, 405):  # some servers have no /models: let the first request decide
+                        models = None
+                        break
+                    raise FatalRequestError(f"{ep.url}/models answered {e.status_code}: {_error_text(e)}") from None
+            if models is not None and self.model not in models:
+                raise FatalRequestError(f"{ep.url} does not serve model {self.model!r}; it serves {models}. "
+                                        f"Pass one of these with --model.")
+
+    def _pick(self, prefer: int | None, avoid: int | None) -> int:
+        if prefer is not None and prefer != avoid:
+            return prefer
+        order = sorted(range(len(self.endpoints)),
+                       key=lambda i: (i == avoid, self.endpoints[i].in_flight, self.endpoints[i].failures))
+        return order[0]
+
+    async def chat(self, messages: list[dict[str, str]], *, prefer: int | None = None, max_tokens: int = 512,
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                   extra_body: dict[str, Any] | None = None) -> ChatReply:
+        """One chat completion; retries transient failures with exponential backoff (jittered)."""
+        avoid: int | None = None
+        for attempt in range(self.max_retries + 1):
+            i = self._pick(prefer if attempt == 0 else None, avoid)
+            ep = self.endpoints[i]
+            ep.in_flight += 1
+            t0 = time.monotonic()
+            try:
+                kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                                          "temperature": temperature, "top_p": top_p}
+                if seed is not None:
+                    kwargs["seed"] = seed
+                if extra_body:
+                    kwargs["extra_body"] = extra_body
+                r = await ep.client.chat.completions.create(**kwargs)
+                ep.failures = 0
+                choice = r.choices[0]
+                usage = r.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) \
+                    if r.usage else {}
+                return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
+                                 finish_reason=choice.finish_reason, usage=usage, endpoint=i,
+                                 latency_s=time.monotonic() - t0)
+            except openai.APIStatusError as e:
+                status, text = e.status_code, _error_text(e)
+                if status in (401, 403):
+                    raise FatalRequestError(f"{ep.url} refused the request ({status}): {text}. "
+                                            f"Check --api-key.") from None
+                if status == 404:
+                    raise FatalRequestError(f"{ep.url} answered 404 for model {self.model!r}: {text}. "
+                                            f"Check --model (and that --endpoint ends in /v1).") from None
+                if is_context_error(status, text):
+                    raise ContextTooLongError(text) from None
+                if status not in (408, 429) and status < 500:
+                    raise RequestRejected(f"{status}: {text}") from None
+                error = f"{status}: {text}"
+            except openai.APIConnectionError as e:  # includes timeouts
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                ep.in_flight -= 1
+            ep.failures += 1
+            avoid = i if len(self.endpoints) > 1 else None
+            if attempt == self.max_retries:
+                raise EndpointUnavailable(f"request failed {self.max_retries + 1} times, last on {ep.url}: {error}")
+            delay = min(self.backoff_s * 2 ** attempt, self.backoff_max_s) * (0.5 + random.random() / 2)
+            self.retries += 1
+            log.warning("%s: %s; retry %d/%d in %.1f s", ep.url, error, attempt + 1, self.max_retries, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")

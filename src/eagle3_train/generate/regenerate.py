@@ -1,0 +1,421 @@
+"""The `generate` stage: regenerate the assistant turns of conversations with the verifier (on-policy data).
+
+System and user turns are kept; each assistant turn is regenerated in order, on the model's OWN earlier answers,
+through any OpenAI-compatible chat endpoint (vLLM, SGLang, ...). Several `--endpoint`s share the load.
+
+Output (feeds `prepare` directly):
+- `DIR/conversations.jsonl`: one record per finished conversation, `{"id", "messages": [{"role", "content"
+  [, "reasoning_content"]}], "turns": [{"finish_reason", "usage"}], "model", ["truncated"]}`, appended with one
+  write + flush + fsync each, so a crash or kill -9 loses at most the conversations in flight. A rerun resumes:
+  it reads the ids already written (cutting away a torn last line first) and does only the rest.
+- `DIR/skipped.jsonl`: `{"id", "reason", "detail"}` for conversations that cannot be regenerated (bad turn
+  structure, first turn longer than the server's context, rejected request); not retried on resume.
+- `DIR/manifest.json`: endpoints, served model, sampling settings, counts, source (with SHA-256), throughput.
+
+When a later turn no longer fits the context, the turns done so far are kept (`"truncated": "context_too_long"`).
+With `--seed S`, each request gets a seed derived from (S, conversation id, turn), so results do not depend on
+scheduling or resumption.
+
+Python API: `regenerate(source, out_dir, endpoints, model, ...) -> dict` (the manifest).
+CLI: `eagle3-train generate --data sharegpt --endpoint http://127.0.0.1:8000/v1 --model NAME --out DIR --limit N
+--concurrency 8 --max-tokens 512 --temperature 0` or `--serve-verifier smollm2-135m-instruct` to start vLLM itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.generate.client import (
+    ChatPool,
+    ContextTooLongError,
+    EndpointUnavailable,
+    FatalRequestError,
+    RequestRejected,
+)
+from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.progress import progress
+from eagle3_train.utils.provenance import environment, now_iso
+
+log = logging.getLogger(__name__)
+
+OUTPUT_FILE = "conversations.jsonl"
+SKIPPED_FILE = "skipped.jsonl"
+MANIFEST_FILE = "manifest.json"
+REASONING_MODES = ("keep", "strip", "disable")
+_THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+
+@dataclass
+class Sampling:
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    reasoning: str = "keep"  # keep (as reasoning_content), strip, or disable (enable_thinking=false)
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    finished: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    truncated: int = 0
+
+
+# --- crash-safe append-only JSONL -----------------------------------------------------------------------------
+def recover_jsonl(path: Path, what: str = "output") -> tuple[list[dict], int]:
+    """Read an append-only JSONL file, cutting away a torn last line (no trailing newline) in place.
+
+    Returns (records, bytes removed). A broken line in the middle was not written by us: error.
+    """
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    cut = 0
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        cut = len(data) - keep
+        with open(path, "rb+") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        data = data[:keep]
+        log.warning("%s: removed a torn last line (%d bytes) left by an interrupted run", path, cut)
+    records = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise Eagle3InputError(f"{what} file {path}, line {n} is not valid JSON ({e.msg}); the file was "
+                                   f"modified outside `generate`: fix or remove that line, or use --overwrite"
+                                   ) from None
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise Eagle3InputError(f"{what} file {path}, line {n}: expected an object with field 'id'")
+        records.append(rec)
+    return records, cut
+
+
+class AppendLog:
+    """Append one JSON record per call with a single write, then flush and fsync."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def append(self, record: dict) -> None:
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:  # a regular file takes it in one write; loop only guards against a short write
+            view = view[os.write(self.fd, view):]
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# --- one conversation -----------------------------------------------------------------------------------------
+def request_seed(seed: int | None, conv_id: str, turn: int) -> int | None:
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}:{conv_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _normalize(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]] | None, str | None]:
+    from eagle3_train.assets.conversations import normalize_turns
+
+    return normalize_turns(messages)
+
+
+async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[dict[str, str]],
+                                  sampling: Sampling, stats: _Stats) -> tuple[dict | None, dict | None]:
+    """Regenerate one conversation; returns (record, None) or (None, skip record)."""
+    msgs, reason = _normalize(messages)
+    if reason:
+        return None, {"id": conv_id, "reason": reason, "detail": ""}
+    extra = {"chat_template_kwargs": {"enable_thinking": False}} if sampling.reasoning == "disable" else None
+    out: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
+    prefer: int | None = None  # keep a conversation on one endpoint: its prefix cache holds the earlier turns
+    truncated = None
+    for m in msgs:
+        if m["role"] != "assistant":
+            out.append({"role": m["role"], "content": m["content"]})
+            continue
+        history = [{"role": x["role"], "content": x["content"]} for x in out]
+        try:
+            reply = await pool.chat(history, prefer=prefer, max_tokens=sampling.max_tokens,
+                                    temperature=sampling.temperature, top_p=sampling.top_p,
+                                    seed=request_seed(sampling.seed, conv_id, len(turns)), extra_body=extra)
+        except ContextTooLongError as e:
+            if not turns:
+                return None, {"id": conv_id, "reason": "context_too_long", "detail": str(e)[:300]}
+            truncated = "context_too_long"
+            break
+        except RequestRejected as e:
+            return None, {"id": conv_id, "reason": "rejected", "detail": str(e)[:300]}
+        prefer = reply.endpoint
+        stats.requests += 1
+        stats.completion_tokens += int(reply.usage.get("completion_tokens", 0))
+        stats.prompt_tokens += int(reply.usage.get("prompt_tokens", 0))
+        content, reasoning = reply.content, reply.reasoning
+        if sampling.reasoning != "keep":
+            reasoning = None
+            content = _THINK.sub("", content)  # a server without a reasoning parser leaves <think> inline
+        msg = {"role": "assistant", "content": content}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        out.append(msg)
+        turns.append({"finish_reason": reply.finish_reason, "usage": reply.usage})
+    while out and out[-1]["role"] != "assistant":  # the question whose answer did not fit
+        out.pop()
+    record: dict[str, Any] = {"id": conv_id, "messages": out, "turns": turns, "model": pool.model}
+    if truncated:
+        record["truncated"] = truncated
+    return record, None
+
+
+# --- the stage ------------------------------------------------------------------------------------------------
+def _check_resume(manifest_path: Path, model: str, sampling: Sampling, source_sha: str) -> None:
+    if not manifest_path.exists():
+        return
+    old = read_json(manifest_path, "generate manifest")
+    old_sampling = old.get("sampling", {})
+    problems = []
+    if old.get("model") != model:
+        problems.append(f"model {old.get('model')!r} -> {model!r}")
+    for k, v in asdict(sampling).items():
+        if k in old_sampling and old_sampling[k] != v:
+            problems.append(f"{k} {old_sampling[k]!r} -> {v!r}")
+    if old.get("source", {}).get("sha256") not in (None, source_sha):
+        problems.append("the source data changed (different SHA-256)")
+    if problems:
+        raise Eagle3InputError(f"{manifest_path.parent} holds a run with other settings ({'; '.join(problems)}); "
+                               f"use another --out, the same settings to resume, or --overwrite to start over")
+
+
+def _count_source(source: str | Path, limit: int | None) -> tuple[int, str]:
+    from eagle3_train.assets.conversations import load_conversations
+
+    it, info = load_conversations(source, limit)
+    n = sum(1 for _ in it)
+    return n, info.sha256
+
+
+def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], model: str | None, *,
+               limit: int | None = None, concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,
+               top_p: float = 1.0, seed: int | None = None, reasoning: str = "keep", timeout_s: float = 600.0,
+               max_retries: int = 6, api_key: str = "EMPTY", overwrite: bool = False,
+               extra_manifest: dict | None = None) -> dict:
+    """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest."""
+    if reasoning not in REASONING_MODES:
+        raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
+    if concurrency < 1:
+        raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+    if not endpoints:
+        raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
+    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
+    return asyncio.run(_regenerate(source, Path(out_dir), endpoints, model, limit, concurrency, sampling, timeout_s,
+                                   max_retries, api_key, overwrite, extra_manifest or {}))
+
+
+async def _resolve_model(pool: ChatPool) -> str:
+    ep = pool.endpoints[0]
+    try:
+        models = [m.id async for m in ep.client.models.list()]
+    except Exception as e:  # noqa: BLE001 - reported as a clear input error
+        raise Eagle3InputError(f"cannot list the models of {ep.url} ({e}); pass --model") from None
+    if len(models) != 1:
+        raise Eagle3InputError(f"{ep.url} serves {models}; choose one with --model")
+    return models[0]
+
+
+async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
+                      limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
+                      api_key: str, overwrite: bool, extra_manifest: dict) -> dict:
+    from eagle3_train.assets.conversations import load_conversations
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path, skip_path, manifest_path = out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE
+    pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
+    try:
+        if not model:
+            pool.model = model = await _resolve_model(pool)
+        try:
+            await pool.check_model()
+        except (FatalRequestError, EndpointUnavailable) as e:
+            raise Eagle3InputError(str(e)) from None
+
+        total, source_sha = _count_source(source, limit)
+        if overwrite:
+            for p in (out_path, skip_path, manifest_path):
+                p.unlink(missing_ok=True)
+        _check_resume(manifest_path, model, sampling, source_sha)
+        done_records, cut = recover_jsonl(out_path)
+        skipped_records, cut2 = recover_jsonl(skip_path, "skipped")
+        done_ids = {r["id"] for r in done_records}
+        skip_ids = {r["id"] for r in skipped_records}
+        previous = len(done_ids | skip_ids)
+        del done_records, skipped_records
+
+        conversations, info = load_conversations(source, limit)
+        stats = _Stats()
+        started, t0 = now_iso(), time.monotonic()
+
+        def manifest(status: str) -> dict:
+            done, skipped = _file_counts(out_path, skip_path)
+            wall = time.monotonic() - t0
+            return {
+                "stage": "generate", "status": status, "model": model, "endpoints": endpoints,
+                "sampling": asdict(sampling), "concurrency": concurrency, "timeout_s": timeout_s,
+                "max_retries": max_retries, "limit": limit,
+                "source": {**info.to_dict(), "sha256": source_sha},
+                "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
+                           "skipped": skipped, "remaining": max(0, total - done["done"] - sum(skipped.values()))},
+                "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
+                "this_run": {"started": started, "wall_s": round(wall, 2), "requests": stats.requests,
+                             "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+                             "requests_per_s": round(stats.requests / wall, 3) if wall > 0 else None,
+                             "completion_tokens_per_s": round(stats.completion_tokens / wall, 2) if wall > 0 else None,
+                             "retries": pool.retries, "torn_bytes_removed": cut + cut2},
+                "updated": now_iso(), "environment": environment(), **extra_manifest,
+            }
+
+        write_json(manifest_path, manifest("running"))
+        out_log, skip_log = AppendLog(out_path), AppendLog(skip_path)
+        bar = progress(total=total, desc="generate", unit="conv", initial=previous)
+        status = "failed"
+        try:
+            await _work(pool, conversations, done_ids | skip_ids, sampling, concurrency, stats, out_log, skip_log,
+                        bar, t0)
+            status = "complete"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
+        except (FatalRequestError, EndpointUnavailable) as e:
+            raise Eagle3InputError(f"{e}\nConversations finished so far are kept in {out_path}; "
+                                   f"rerun the same command to resume.") from None
+        finally:
+            bar.close()
+            out_log.close()
+            skip_log.close()
+            final = manifest(status)
+            write_json(manifest_path, final)
+        log.info("generate: %d conversations done, %d skipped, %.2f requests/s, %.1f tokens/s -> %s",
+                 final["counts"]["done"], sum(final["counts"]["skipped"].values()),
+                 final["this_run"]["requests_per_s"] or 0, final["this_run"]["completion_tokens_per_s"] or 0, out_path)
+        return final
+    finally:
+        await pool.aclose()
+
+
+def _file_counts(out_path: Path, skip_path: Path) -> tuple[dict[str, int], dict[str, int]]:
+    done, truncated = 0, 0
+    if out_path.exists():
+        for line in out_path.read_bytes().splitlines():
+            if line.strip():
+                done += 1
+                truncated += b'"truncated"' in line
+    skipped: Counter[str] = Counter()
+    if skip_path.exists():
+        for line in skip_path.read_bytes().splitlines():
+            try:
+                skipped[json.loads(line)["reason"]] += 1
+            except (json.JSONDecodeError, KeyError):
+                continue
+    return {"done": done, "truncated": truncated}, dict(sorted(skipped.items()))
+
+
+async def _work(pool: ChatPool, conversations: Any, skip: set[str], sampling: Sampling, concurrency: int,
+                stats: _Stats, out_log: AppendLog, skip_log: AppendLog, bar: Any, t0: float) -> None:
+    async def worker() -> None:
+        for conv in conversations:  # one shared iterator: each worker takes the next conversation
+            if conv.id in skip:
+                continue
+            record, skipped = await regenerate_conversation(pool, conv.id, conv.messages, sampling, stats)
+            if record is not None:
+                out_log.append(record)
+                stats.finished += 1
+                stats.truncated += "truncated" in record
+            else:
+                skip_log.append(skipped)
+                stats.skipped[skipped["reason"]] += 1
+            wall = max(time.monotonic() - t0, 1e-9)
+            bar.set_postfix(req_s=f"{stats.requests / wall:.2f}", tok_s=f"{stats.completion_tokens / wall:.1f}",
+                            skipped=sum(stats.skipped.values()), refresh=False)
+            bar.update(1)
+
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="conversations: 'sharegpt', a .json/.jsonl file or a data dir")
+    p.add_argument("--out", required=True, help="output directory (conversations.jsonl, manifest.json)")
+    p.add_argument("--endpoint", action="append", default=[],
+                   help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat to spread the load)")
+    p.add_argument("--model", help="served model name (default: the only model the endpoint serves)")
+    p.add_argument("--limit", type=int, help="use the first N conversations of the source")
+    p.add_argument("--concurrency", type=int, default=8, help="conversations in flight (default 8)")
+    p.add_argument("--max-tokens", type=int, default=512, help="max new tokens per assistant turn (default 512)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, help="base seed; each request gets one derived from (seed, id, turn)")
+    p.add_argument("--reasoning", choices=REASONING_MODES, default="keep",
+                   help="reasoning text: keep as reasoning_content, strip it, or disable thinking in the template")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    p.add_argument("--max-retries", type=int, default=6, help="retries on connection errors, 429 and 5xx")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    p.add_argument("--overwrite", action="store_true", help="discard an existing output in --out and start over")
+    g = p.add_argument_group("embedded vLLM server")
+    g.add_argument("--serve-verifier", metavar="NAME_OR_DIR",
+                   help="start a vLLM server for this verifier (e.g. smollm2-135m-instruct) and use it")
+    g.add_argument("--serve-max-model-len", type=int, default=2048)
+    g.add_argument("--serve-enforce-eager", action="store_true", help="faster start-up, slower generation")
+
+
+def main(args: argparse.Namespace) -> int:
+    endpoints = list(args.endpoint)
+    kwargs = dict(limit=args.limit, concurrency=args.concurrency, max_tokens=args.max_tokens,
+                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, reasoning=args.reasoning,
+                  timeout_s=args.timeout, max_retries=args.max_retries, api_key=args.api_key,
+                  overwrite=args.overwrite)
+    if not args.serve_verifier:
+        regenerate(args.data, args.out, endpoints, args.model, **kwargs)
+        return 0
+    from eagle3_train.assets.verifier import resolve_verifier
+    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+
+    ok, msg = vllm_available()
+    if not ok:
+        raise Eagle3InputError(f"--serve-verifier needs vLLM: {msg}")
+    name = args.model or Path(str(args.serve_verifier)).name
+    server = VLLMServer(resolve_verifier(args.serve_verifier), served_model_name=name,
+                        max_model_len=args.serve_max_model_len, enforce_eager=args.serve_enforce_eager,
+                        log_path=Path(args.out) / "vllm.log")
+    with server:
+        regenerate(args.data, args.out, endpoints + [server.base_url], name,
+                   extra_manifest={"embedded_server": {"verifier": str(args.serve_verifier),
+                                                       "startup_s": round(server.startup_s or 0, 1)}}, **kwargs)
+    return 0
