@@ -1,0 +1,539 @@
+"""Extract stage: run the verifier over the prepared samples and store its aux and final hidden states.
+
+Python API: `extract(prepared_dir, verifier, out_dir, ...) -> dict` (the manifest).
+CLI: `eagle3-train extract --prepared DIR --verifier NAME_OR_DIR --out DIR [--layer-ids 2,15,27] [--dtype bfloat16]
+[--compute-dtype float32] [--token-budget 8192] [--shard-tokens N] [--device auto|cpu|cuda] [--max-samples N]
+[--splits train,validation] [--overwrite]`.
+
+Output (docs/ARCHITECTURE.md): `OUT/{split}/shard-NNNNN.safetensors` with `aux` [N, 3H], `final` [N, H],
+`sample_index` [n], `offsets` [n+1]; `OUT/{split}/index.json`; `OUT/manifest.json`.
+
+Only the base model runs (no lm_head, no full-vocab logits, no `output_hidden_states`): forward pre-hooks keep the
+unpadded rows of the three tapped layer inputs, and the base model's output is the final-norm state. Shards are
+planned deterministically from the data (length-sorted, cut every `shard_tokens` tokens), written atomically, and
+listed in `index.json` after each one, so rerunning the same command resumes where a killed run stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
+from eagle3_train.utils.progress import progress
+from eagle3_train.utils.provenance import environment, now_iso
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("bfloat16", "float16", "float32")
+FORMAT = "eagle3-train-hidden-states"
+FORMAT_VERSION = 1
+DEFAULT_TOKEN_BUDGET = 8192
+DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
+DISK_MARGIN_ENV = "EAGLE3_TRAIN_DISK_MARGIN_BYTES"
+DEFAULT_DISK_MARGIN = 2**30  # free space left over after the estimate, for index files and other jobs
+REQUIRED_COLUMNS = ("id", "input_ids", "length")
+# Settings that change the stored numbers or the shard layout: a resume must match them exactly.
+RESUME_KEYS = ("layer_ids", "dtype", "compute_dtype", "hidden_size", "num_layers", "prepared_manifest_sha256",
+               "max_samples", "shard_tokens")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    number: int
+    rows: tuple[int, ...]  # row indices in the prepared split, in storage order
+    lengths: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[ShardPlan]:
+    """Sort rows by length (ties by row) and cut a shard once it holds >= shard_tokens tokens.
+
+    Deterministic in the data and shard_tokens only, so a rerun finds the same shards to skip. Shortest first:
+    similar lengths share batches (little padding).
+    """
+    order = sorted(range(len(lengths)), key=lambda r: (lengths[r], r))
+    shards: list[ShardPlan] = []
+    rows: list[int] = []
+    tokens = 0
+    for r in order:
+        rows.append(r)
+        tokens += lengths[r]
+        if tokens >= shard_tokens:
+            shards.append(ShardPlan(len(shards), tuple(rows), tuple(lengths[i] for i in rows)))
+            rows, tokens = [], 0
+    if rows:
+        shards.append(ShardPlan(len(shards), tuple(rows), tuple(lengths[i] for i in rows)))
+    return shards
+
+
+def plan_batches(lengths: Sequence[int], token_budget: int) -> list[tuple[int, int]]:
+    """Cut consecutive samples into batches whose padded size (count * longest) stays <= token_budget.
+
+    Returns (start, end) ranges into `lengths`; a sample longer than the budget gets a batch of its own.
+    """
+    batches: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        new_longest = max(longest, n)
+        if i > start and (i - start + 1) * new_longest > token_budget:
+            batches.append((start, i))
+            start, new_longest = i, n
+        longest = new_longest
+    if start < len(lengths):
+        batches.append((start, len(lengths)))
+    return batches
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPES:
+        raise Eagle3InputError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise Eagle3InputError(f"--device {device} was requested but torch sees no CUDA device "
+                               f"(torch {torch.__version__}); use --device cpu")
+    return device
+
+
+def load_prepared(prepared_dir: str | Path, splits: Sequence[str]):
+    """Open DIR/dataset (a DatasetDict) and check the splits and columns extract needs."""
+    import datasets
+
+    prepared_dir = Path(prepared_dir)
+    if not prepared_dir.is_dir():
+        raise Eagle3InputError(f"prepared directory not found: {prepared_dir} (run `eagle3-train prepare` first)")
+    if not (prepared_dir / "manifest.json").is_file():
+        raise Eagle3InputError(f"{prepared_dir} has no manifest.json: not the output of `eagle3-train prepare`")
+    data_dir = prepared_dir / "dataset"
+    if not data_dir.is_dir():
+        raise Eagle3InputError(f"{prepared_dir} has no dataset/ directory (expected a saved datasets.DatasetDict)")
+    try:
+        ds = datasets.load_from_disk(str(data_dir))
+    except Exception as e:  # noqa: BLE001 - datasets raises several types for broken dirs
+        raise Eagle3InputError(f"could not load the prepared dataset {data_dir}: {e}") from None
+    if not isinstance(ds, datasets.DatasetDict):
+        raise Eagle3InputError(f"{data_dir} holds a single Dataset; expected a DatasetDict with splits "
+                               f"{', '.join(splits)}")
+    for split in splits:
+        if split not in ds:
+            raise Eagle3InputError(f"split '{split}' not found in {data_dir} (it has: {', '.join(ds)})")
+        missing = [c for c in REQUIRED_COLUMNS if c not in ds[split].column_names]
+        if missing:
+            raise Eagle3InputError(f"split '{split}' of {data_dir} lacks column(s) {', '.join(missing)} "
+                                   f"(has {', '.join(ds[split].column_names)})")
+    return ds
+
+
+def decoder_parts(model) -> tuple[Any, Any]:
+    """The base model (embeddings + decoder layers + final norm, no lm_head) and its list of decoder layers."""
+    base = getattr(model, "model", None)
+    if base is None and hasattr(model, "get_decoder"):
+        base = model.get_decoder()
+    layers = getattr(base, "layers", None)
+    if base is None or layers is None:
+        raise Eagle3InputError(f"unsupported verifier architecture {type(model).__name__}: expected a causal LM "
+                               f"with .model.layers (Llama-style decoder)")
+    return base, layers
+
+
+class AuxCapture:
+    """Forward pre-hooks that keep the real (unpadded) rows of the inputs of the tapped decoder layers."""
+
+    def __init__(self, layers, layer_ids: Sequence[int], dtype) -> None:
+        self.layer_ids = tuple(layer_ids)
+        self.dtype = dtype
+        self.mask = None  # [B, T] bool, set before each forward
+        self.captured: dict[int, Any] = {}
+        self.handles = [layers[i].register_forward_pre_hook(partial(self._hook, i), with_kwargs=True)
+                        for i in sorted(set(self.layer_ids))]
+
+    def _hook(self, layer_id: int, module, args, kwargs) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self.captured[layer_id] = hidden[self.mask].to(self.dtype)
+
+    def take(self):
+        import torch
+
+        out = torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
+        self.captured.clear()
+        return out
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def run_batch(base, capture: AuxCapture, seqs: Sequence[Sequence[int]], pad_id: int, device: str, store_dtype):
+    """One padded forward of the base model; returns (aux [n, 3H], final [n, H]) for the real tokens, on device."""
+    import torch
+
+    longest = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), longest), dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        mask[b, : len(s)] = True
+    ids, mask = ids.to(device), mask.to(device)
+    capture.mask = mask
+    # Right padding: real tokens never attend to the pads after them and keep positions 0..n-1.
+    out = base(input_ids=ids, attention_mask=mask.long(), use_cache=False)
+    final = out.last_hidden_state[mask].to(store_dtype)
+    return capture.take(), final
+
+
+def _check_finite(aux, final, lengths: Sequence[int], sample_ids: Sequence[str], split: str, dtype: str) -> None:
+    import torch
+
+    bad = ~(torch.isfinite(aux).all(dim=-1) & torch.isfinite(final).all(dim=-1))
+    if not bool(bad.any()):
+        return
+    row = int(bad.nonzero()[0, 0])
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    k = int(torch.searchsorted(offsets, torch.tensor(row), right=True)) - 1
+    hint = " (float16 overflows above 65504: try --dtype bfloat16)" if dtype == "float16" else ""
+    raise Eagle3InputError(f"the verifier produced NaN/Inf hidden states for sample id {sample_ids[k]!r} "
+                           f"(split '{split}', token {row - int(offsets[k])}){hint}; check the verifier weights "
+                           f"and --compute-dtype")
+
+
+def _disk_margin(margin: int | None) -> int:
+    if margin is not None:
+        return int(margin)
+    env = os.environ.get(DISK_MARGIN_ENV)
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise Eagle3InputError(f"{DISK_MARGIN_ENV} must be an integer number of bytes, got {env!r}") from None
+    return DEFAULT_DISK_MARGIN
+
+
+def _free_bytes(path: Path) -> int:
+    p = path
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _our_files(out_dir: Path) -> list[Path]:
+    """Files this stage writes (and may delete on --overwrite): never anything else in OUT."""
+    if not out_dir.is_dir():
+        return []
+    files = [f for f in out_dir.iterdir() if f.is_file() and (
+        f.name == "manifest.json" or (f.name.startswith(".manifest.json.") and f.name.endswith(".tmp")))]
+    for sub in out_dir.iterdir():
+        if sub.is_dir():
+            files += [f for f in sub.iterdir() if f.is_file() and (
+                (f.name.startswith("shard-") and f.suffix == ".safetensors") or f.name == "index.json"
+                or (f.name.startswith((".shard-", ".index.json.")) and f.name.endswith(".tmp")))]
+    return files
+
+
+def _resume_conflicts(old: dict, new: dict) -> list[str]:
+    diffs = []
+    if not same_verifier(old.get("verifier", {}), new["verifier"]):
+        diffs.append(f"verifier: existing {old.get('verifier', {}).get('path')} "
+                     f"(config {str(old.get('verifier', {}).get('config_sha256'))[:12]}), "
+                     f"requested {new['verifier']['path']} (config {new['verifier']['config_sha256'][:12]})")
+    for k in RESUME_KEYS:
+        if old.get(k) != new[k]:
+            diffs.append(f"{k}: existing {old.get(k)!r}, requested {new[k]!r}")
+    return diffs
+
+
+def _shard_entry_ok(entry: dict, plan: ShardPlan, split_dir: Path) -> bool:
+    f = split_dir / str(entry.get("file", ""))
+    return (entry.get("sample_indices") == list(plan.rows) and f.is_file()
+            and f.stat().st_size == entry.get("bytes"))
+
+
+def _index(split: str, plans: list[ShardPlan], done: dict[int, dict]) -> dict:
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "split": split,
+        "num_samples": sum(len(p.rows) for p in plans), "num_tokens": sum(p.num_tokens for p in plans),
+        "num_shards": len(plans), "complete": len(done) == len(plans),
+        "shards": [done[n] for n in sorted(done)],
+    }
+
+
+def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str]) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    offsets = [0]
+    for n in plan.lengths:
+        offsets.append(offsets[-1] + n)
+    tensors = {"aux": aux, "final": final, "sample_index": torch.tensor(plan.rows, dtype=torch.int64),
+               "offsets": torch.tensor(offsets, dtype=torch.int64)}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+        digest, size = sha256_file(tmp), tmp.stat().st_size
+    return {"shard": plan.number, "file": path.name, "num_samples": len(plan.rows), "num_tokens": plan.num_tokens,
+            "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest}
+
+
+def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
+            layer_ids: Sequence[int] | str | None = None, dtype: str = "bfloat16", device: str | None = None,
+            token_budget: int = DEFAULT_TOKEN_BUDGET, shard_tokens: int | None = None,
+            splits: Sequence[str] = ("train", "validation"), max_samples: int | None = None,
+            compute_dtype: str | None = None, overwrite: bool = False, disk_margin: int | None = None) -> dict:
+    """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
+
+    `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
+    or 1 GiB) is the free space that must remain after the estimated output. Returns the manifest.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out_dir, prepared_dir = Path(out_dir), Path(prepared_dir)
+    splits = tuple(splits)
+    if not splits:
+        raise Eagle3InputError("no splits to extract")
+    if token_budget < 1:
+        raise Eagle3InputError(f"token_budget must be >= 1, got {token_budget}")
+    if max_samples is not None and max_samples < 1:
+        raise Eagle3InputError(f"max_samples must be >= 1, got {max_samples}")
+    store_dtype = _torch_dtype(dtype)
+    ds = load_prepared(prepared_dir, splits)
+    verifier_path = resolve_verifier(verifier)
+    config = AutoConfig.from_pretrained(verifier_path)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
+    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
+    device = resolve_device(device)
+    compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
+    compute_torch_dtype = _torch_dtype(compute_dtype)
+    bytes_per_token = 4 * hidden * torch.empty((), dtype=store_dtype).element_size()
+    if shard_tokens is None:
+        shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
+    if shard_tokens < 1:
+        raise Eagle3InputError(f"shard_tokens must be >= 1, got {shard_tokens}")
+
+    # Plan every split up front: the disk estimate and the resume check need the whole picture.
+    plans: dict[str, list[ShardPlan]] = {}
+    max_pos = getattr(text_config, "max_position_embeddings", None)
+    for split in splits:
+        lengths = ds[split].data.column("length").to_pylist()
+        if max_samples is not None:
+            lengths = lengths[:max_samples]
+        if max_pos and lengths and max(lengths) > max_pos:
+            r = max(range(len(lengths)), key=lengths.__getitem__)
+            raise Eagle3InputError(f"sample id {ds[split][r]['id']!r} (split '{split}') has {lengths[r]} tokens, "
+                                   f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
+                                   f"shorter max length")
+        plans[split] = plan_shards(lengths, shard_tokens)
+
+    settings = {
+        "verifier": verifier_identity(verifier_path),
+        "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
+        "hidden_size": hidden, "num_layers": num_layers,
+        "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
+        "max_samples": max_samples, "shard_tokens": int(shard_tokens),
+    }
+
+    old_manifest = None
+    if (out_dir / "manifest.json").is_file() and not overwrite:
+        old_manifest = read_json(out_dir / "manifest.json", "extract manifest")
+        diffs = _resume_conflicts(old_manifest, settings)
+        if diffs:
+            raise Eagle3InputError(f"{out_dir} already holds hidden states made with different settings ("
+                                   + "; ".join(diffs) + "); pass --overwrite to replace them or choose another --out")
+    elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise Eagle3InputError(f"{out_dir} is not empty and has no extract manifest.json; choose a new --out "
+                               f"directory or pass --overwrite")
+
+    # Which shards are already done (a resume), and how much is left to write.
+    done: dict[str, dict[int, dict]] = {s: {} for s in splits}
+    if old_manifest is not None:
+        for split in splits:
+            index_path = out_dir / split / "index.json"
+            if index_path.is_file():
+                for e in read_json(index_path, "hidden-state index").get("shards", []):
+                    n = e.get("shard")
+                    if isinstance(n, int) and n < len(plans[split]) and _shard_entry_ok(e, plans[split][n],
+                                                                                       out_dir / split):
+                        done[split][n] = e
+                    else:
+                        log.warning("%s: shard entry %s does not match the plan or its file; recomputing it",
+                                    index_path, n)
+    total_tokens = sum(p.num_tokens for s in splits for p in plans[s])
+    todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
+    estimate = todo_tokens * bytes_per_token
+    margin = _disk_margin(disk_margin)
+    freeable = sum(f.stat().st_size for f in _our_files(out_dir)) if overwrite else 0
+    free = _free_bytes(out_dir) + freeable
+    log.info("extract: %d samples, %d tokens (%d left) x %d B/token (4 x H=%d x %s) = %s to write to %s; %s free",
+             sum(len(p.rows) for s in splits for p in plans[s]), total_tokens, todo_tokens, bytes_per_token,
+             hidden, dtype, _gib(estimate), out_dir, _gib(free))
+    if estimate + margin > free:
+        raise Eagle3InputError(f"not enough disk space in {out_dir}: the hidden states need about {_gib(estimate)} "
+                               f"({todo_tokens} tokens x {bytes_per_token} bytes) plus a margin of {_gib(margin)}, but "
+                               f"only {_gib(free)} is free; free space, choose another --out, use --max-samples, or "
+                               f"lower the margin with {DISK_MARGIN_ENV}")
+
+    if overwrite:
+        for f in _our_files(out_dir):
+            f.unlink()
+    for f in _our_files(out_dir):  # leftovers of writes interrupted by a kill
+        if f.name.endswith(".tmp"):
+            f.unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    manifest = {
+        "stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "in_progress",
+        **settings,
+        "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
+        "aux_width": len(ids) * hidden, "bytes_per_token": bytes_per_token, "splits": {},
+        "token_budget": token_budget, "device": device,
+        "estimated_bytes": total_tokens * bytes_per_token,
+        "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
+        "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
+    }
+    for split in (old_manifest or {}).get("splits", {}):
+        if split not in splits:  # splits extracted by an earlier command stay recorded
+            manifest["splits"][split] = old_manifest["splits"][split]
+    write_json(out_dir / "manifest.json", manifest)
+
+    model = None
+    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "load_s": 0.0}
+    start = time.perf_counter()
+    bar = progress(total=todo_tokens, desc="extract", unit="tok")
+    try:
+        for split in splits:
+            split_dir = out_dir / split
+            split_dir.mkdir(parents=True, exist_ok=True)
+            todo = [p for p in plans[split] if p.number not in done[split]]
+            if todo and model is None:
+                log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
+                t_load = time.perf_counter()
+                model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=compute_torch_dtype)
+                model = model.to(device).eval()
+                base, layers = decoder_parts(model)
+                capture = AuxCapture(layers, ids, store_dtype)
+                pad_id = getattr(text_config, "pad_token_id", None) or 0
+                stats["load_s"] = time.perf_counter() - t_load
+            write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
+            columns = ds[split].select_columns(["id", "input_ids"])
+            for plan in todo:
+                bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans[split])}")
+                rows = columns[list(plan.rows)]
+                for sid, seq, n in zip(rows["id"], rows["input_ids"], plan.lengths):
+                    if len(seq) != n:
+                        raise Eagle3InputError(f"sample id {sid!r} (split '{split}'): column 'length' says {n} but "
+                                               f"input_ids has {len(seq)} tokens")
+                aux = torch.empty((plan.num_tokens, len(ids) * hidden), dtype=store_dtype)
+                final = torch.empty((plan.num_tokens, hidden), dtype=store_dtype)
+                row = 0
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    for b0, b1 in plan_batches(plan.lengths, token_budget):
+                        n_tok = sum(plan.lengths[b0:b1])
+                        if n_tok:
+                            a, f = run_batch(base, capture, rows["input_ids"][b0:b1], pad_id, device, store_dtype)
+                            _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
+                            aux[row:row + n_tok] = a.cpu()
+                            final[row:row + n_tok] = f.cpu()
+                        row += n_tok
+                        bar.update(n_tok)
+                t1 = time.perf_counter()
+                meta = {"format": FORMAT, "split": split, "shard": str(plan.number),
+                        "layer_ids": ",".join(map(str, ids)), "dtype": dtype}
+                done[split][plan.number] = _write_shard(split_dir / f"shard-{plan.number:05d}.safetensors",
+                                                        aux, final, plan, meta)
+                write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
+                stats["forward_s"] += t1 - t0
+                stats["write_s"] += time.perf_counter() - t1
+                stats["tokens"] += plan.num_tokens
+            index = _index(split, plans[split], done[split])
+            write_json(split_dir / "index.json", index)
+            manifest["splits"][split] = {
+                "num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
+                "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
+                "complete": index["complete"]}
+    finally:
+        bar.close()
+        if model is not None:
+            capture.remove()
+
+    seconds = time.perf_counter() - start - stats["load_s"]  # throughput of the extraction loop, not the load
+    if stats["tokens"]:
+        peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        if device.startswith("cuda"):
+            peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        manifest["throughput"] = {
+            "tokens": stats["tokens"], "seconds": round(seconds, 3),
+            "tokens_per_s": round(stats["tokens"] / seconds, 1) if seconds > 0 else None,
+            "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
+            "load_seconds": round(stats["load_s"], 3),
+            "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
+    manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
+                          for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
+    manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
+    manifest["updated"] = now_iso()
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prepared", required=True, help="output directory of `eagle3-train prepare`")
+    p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="embedded name, HF checkpoint dir, .gguf or hub id")
+    p.add_argument("--out", required=True, help="directory for the hidden-state shards (rerun to resume)")
+    p.add_argument("--layer-ids", help="three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); "
+                                       "default 2,L//2,L-3")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="storage dtype (default bfloat16)")
+    p.add_argument("--compute-dtype", choices=DTYPES,
+                   help="dtype the verifier runs in (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
+                   help="max padded tokens (batch x longest) per forward pass (default %(default)s)")
+    p.add_argument("--shard-tokens", type=int, help="tokens per shard file (default: about 256 MiB per shard)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda[:N]")
+    p.add_argument("--splits", default="train,validation", help="comma-separated splits (default %(default)s)")
+    p.add_argument("--max-samples", type=int, help="only the first N samples of each split")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace hidden states in --out that were made with other settings")
+
+
+def main(args: argparse.Namespace) -> int:
+    manifest = extract(args.prepared, args.verifier, args.out, layer_ids=args.layer_ids, dtype=args.dtype,
+                       device=args.device, token_budget=args.token_budget, shard_tokens=args.shard_tokens,
+                       splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),
+                       max_samples=args.max_samples, compute_dtype=args.compute_dtype, overwrite=args.overwrite)
+    c, tp = manifest["counts"], manifest.get("throughput") or {}
+    print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {args.out} "
+          f"(layers {manifest['layer_ids']}, {manifest['dtype']}"
+          + (f", {tp['tokens_per_s']} tokens/s" if tp.get("tokens_per_s") else "") + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    from eagle3_train.cli import main as cli_main
+
+    sys.exit(cli_main(["extract", *sys.argv[1:]]))

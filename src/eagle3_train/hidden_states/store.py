@@ -1,0 +1,156 @@
+"""Read stored hidden states (the output of the extract stage) and check they belong to a dataset and verifier.
+
+Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
+`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
+
+EXPECTED_FORMAT = "eagle3-train-hidden-states"
+
+
+def read_manifest(hidden_dir: str | Path) -> dict:
+    hidden_dir = Path(hidden_dir)
+    if not hidden_dir.is_dir():
+        raise Eagle3InputError(f"hidden-states directory not found: {hidden_dir} (run `eagle3-train extract` first)")
+    manifest = read_json(hidden_dir / "manifest.json", "hidden-states manifest")
+    if manifest.get("format") != EXPECTED_FORMAT:
+        raise Eagle3InputError(f"{hidden_dir / 'manifest.json'} is not an extract manifest "
+                               f"(format {manifest.get('format')!r}, expected {EXPECTED_FORMAT!r})")
+    return manifest
+
+
+def check_compatible(hidden: str | Path | dict, prepared_dir: str | Path, verifier: str | Path | dict | None = None,
+                     layer_ids: Sequence[int] | None = None, require_complete: bool = True,
+                     hash_weights: bool = True) -> dict:
+    """Raise Eagle3InputError unless the hidden states were extracted from `prepared_dir` with `verifier`.
+
+    `hidden` is the extract output dir or its manifest; `verifier` a name/dir or a `verifier_identity` dict (None:
+    skip that check). `hash_weights=False` compares weight-file sizes only (fast for large verifiers).
+    Returns the manifest.
+    """
+    manifest = hidden if isinstance(hidden, dict) else read_manifest(hidden)
+    where = "the hidden states" if isinstance(hidden, dict) else f"the hidden states in {hidden}"
+    prepared_manifest = Path(prepared_dir) / "manifest.json"
+    if not prepared_manifest.is_file():
+        raise Eagle3InputError(f"prepared data manifest not found: {prepared_manifest}")
+    sha = sha256_file(prepared_manifest)
+    if manifest.get("prepared_manifest_sha256") != sha:
+        raise Eagle3InputError(
+            f"{where} do not belong to the prepared data in {prepared_dir}: they were extracted from "
+            f"{manifest.get('prepared_dir')} (manifest sha256 {str(manifest.get('prepared_manifest_sha256'))[:12]}), "
+            f"this data's manifest has sha256 {sha[:12]}; rerun `eagle3-train extract` on this data")
+    if verifier is not None:
+        ident = verifier if isinstance(verifier, dict) else verifier_identity(resolve_verifier(verifier),
+                                                                              hash_weights=hash_weights)
+        if not same_verifier(manifest.get("verifier", {}), ident):
+            raise Eagle3InputError(
+                f"{where} were made by verifier {manifest.get('verifier', {}).get('path')} but the requested verifier "
+                f"is {ident.get('path')} (config or weights differ); extract again with this verifier")
+    if layer_ids is not None and list(layer_ids) != list(manifest.get("layer_ids", [])):
+        raise Eagle3InputError(f"{where} tap layers {manifest.get('layer_ids')}, but layers {list(layer_ids)} "
+                               f"were requested")
+    if require_complete and manifest.get("status") != "complete":
+        raise Eagle3InputError(f"{where} are incomplete (status {manifest.get('status')!r}); rerun the same "
+                               f"`eagle3-train extract` command to finish them")
+    return manifest
+
+
+class HiddenStatesReader:
+    """Random access to one split's stored hidden states, sample by sample.
+
+    Keeps up to `max_open` shard files open (LRU) and reads only the requested sample's rows with `get_slice`.
+    Safe to use in forked DataLoader workers: handles opened by another process are dropped, not shared.
+    """
+
+    def __init__(self, hidden_dir: str | Path, split: str, max_open: int = 8) -> None:
+        self.dir = Path(hidden_dir)
+        self.split = split
+        self.manifest = read_manifest(self.dir)
+        self.index = read_json(self.dir / split / "index.json", f"hidden-state index of split '{split}'")
+        self.hidden_size = int(self.manifest["hidden_size"])
+        self.layer_ids = list(self.manifest["layer_ids"])
+        self.max_open = max(1, max_open)
+        # sample index -> (shard position in index, first row, end row)
+        self._where: dict[int, tuple[int, int, int]] = {}
+        for pos, entry in enumerate(self.index.get("shards", [])):
+            offsets = entry["offsets"]
+            for k, sample in enumerate(entry["sample_indices"]):
+                self._where[int(sample)] = (pos, int(offsets[k]), int(offsets[k + 1]))
+        self.sample_indices: list[int] = sorted(self._where)
+        self._handles: OrderedDict[int, Any] = OrderedDict()
+        self._pid = os.getpid()
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.index.get("complete"))
+
+    def __len__(self) -> int:
+        return len(self.sample_indices)
+
+    def __contains__(self, sample_index: int) -> bool:
+        return sample_index in self._where
+
+    def _locate(self, sample_index: int) -> tuple[int, int, int]:
+        try:
+            return self._where[int(sample_index)]
+        except KeyError:
+            state = "complete" if self.complete else (
+                f"incomplete: {len(self)} of {self.index.get('num_samples')} samples extracted; rerun extract")
+            raise Eagle3InputError(f"sample {sample_index} of split '{self.split}' has no stored hidden states in "
+                                   f"{self.dir} (extraction {state})") from None
+
+    def num_tokens(self, sample_index: int) -> int:
+        _, start, end = self._locate(sample_index)
+        return end - start
+
+    def _handle(self, pos: int):
+        from safetensors import safe_open
+
+        if self._pid != os.getpid():
+            self._handles.clear()
+            self._pid = os.getpid()
+        handle = self._handles.get(pos)
+        if handle is not None:
+            self._handles.move_to_end(pos)
+            return handle
+        entry = self.index["shards"][pos]
+        path = self.dir / self.split / entry["file"]
+        if not path.is_file():
+            raise Eagle3InputError(f"hidden-state shard {path} listed in {self.dir / self.split / 'index.json'} "
+                                   f"is missing")
+        handle = safe_open(str(path), framework="pt")
+        rows = handle.get_slice("aux").get_shape()[0]
+        if rows != entry["num_tokens"] or handle.get_slice("final").get_shape()[0] != rows:
+            raise Eagle3InputError(f"{path} holds {rows} rows but index.json says {entry['num_tokens']} tokens")
+        self._handles[pos] = handle
+        while len(self._handles) > self.max_open:
+            self._handles.popitem(last=False)
+        return handle
+
+    def load(self, sample_index: int) -> dict:
+        """{"aux": [L, 3H], "final": [L, H]} in the stored dtype for one sample (row of the prepared split)."""
+        pos, start, end = self._locate(sample_index)
+        handle = self._handle(pos)
+        return {"aux": handle.get_slice("aux")[start:end], "final": handle.get_slice("final")[start:end]}
+
+    def verify(self) -> None:
+        """Check every listed shard's SHA-256 against index.json (reads all the data)."""
+        for entry in self.index.get("shards", []):
+            path = self.dir / self.split / entry["file"]
+            if not path.is_file():
+                raise Eagle3InputError(f"hidden-state shard {path} is missing")
+            if sha256_file(path) != entry["sha256"]:
+                raise Eagle3InputError(f"hidden-state shard {path} is corrupt (SHA-256 differs from index.json)")
+
+    def close(self) -> None:
+        self._handles.clear()

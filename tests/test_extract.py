@@ -1,0 +1,417 @@
+"""Extract stage: stored hidden states vs an independent `output_hidden_states=True` forward, resume, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eagle3_train import cli
+from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
+from eagle3_train.hidden_states.layers import default_layer_ids, parse_layer_ids, validate_layer_ids
+from eagle3_train.hidden_states.store import HiddenStatesReader, check_compatible
+from eagle3_train.utils.io import Eagle3InputError, sha256_file
+
+VOCAB = 512
+NUM_LAYERS = 4
+HIDDEN = 64
+MIXED = {"train": [5, 17, 3, 40, 22, 9, 31, 12, 26, 8, 1, 35, 17], "validation": [7, 19, 4]}
+
+
+# ---------------------------------------------------------------- fixtures built by the tests themselves
+
+def make_tiny_llama(path: Path, seed: int = 0, poison_token: int | None = None) -> Path:
+    """A random LlamaForCausalLM saved like a real checkpoint; `poison_token` gets an Inf embedding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=NUM_LAYERS,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, vocab_size=VOCAB,
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    if poison_token is not None:
+        with torch.no_grad():
+            model.model.embed_tokens.weight[poison_token] = float("inf")
+    model.save_pretrained(path)
+    return path
+
+
+def make_prepared(path: Path, lengths: dict[str, list[int]], seed: int = 0, avoid_token: int | None = None,
+                  tokens: dict[tuple[str, int], list[int]] | None = None) -> Path:
+    """A prepared dir per docs/ARCHITECTURE.md: DIR/dataset (DatasetDict) + DIR/manifest.json."""
+    import datasets
+
+    gen = torch.Generator().manual_seed(seed)
+    low = 0 if avoid_token is None else avoid_token + 1
+    splits = {}
+    for split, lens in lengths.items():
+        rows = {"id": [], "input_ids": [], "loss_mask": [], "length": [], "n_supervised": []}
+        for r, n in enumerate(lens):
+            ids = (tokens or {}).get((split, r)) or torch.randint(low, VOCAB, (n,), generator=gen).tolist()
+            mask = [int(i >= n // 2) for i in range(n)]
+            rows["id"].append(f"{split}-{r}")
+            rows["input_ids"].append(ids)
+            rows["loss_mask"].append(mask)
+            rows["length"].append(len(ids))
+            rows["n_supervised"].append(sum(mask))
+        splits[split] = datasets.Dataset.from_dict(rows)
+    datasets.DatasetDict(splits).save_to_disk(str(path / "dataset"))
+    (path / "manifest.json").write_text(json.dumps({"stage": "prepare", "seed": seed, "lengths": lengths}))
+    return path
+
+
+def reference_states(model_dir: Path, input_ids: list[int]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Independent computation: the full CausalLM with output_hidden_states=True on one unpadded sample."""
+    from transformers import AutoModelForCausalLM
+
+    model = _REF_MODELS.get(model_dir)
+    if model is None:
+        model = _REF_MODELS[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(torch.tensor([input_ids]), output_hidden_states=True)
+    return tuple(h[0] for h in out.hidden_states), out.hidden_states[-1][0]
+
+
+_REF_MODELS: dict[Path, object] = {}
+
+
+def samples(prepared: Path, split: str) -> list[list[int]]:
+    import datasets
+
+    return list(datasets.load_from_disk(str(prepared / "dataset"))[split]["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_llama(tmp_path_factory.mktemp("verifier"))
+
+
+@pytest.fixture(scope="module")
+def mixed_prepared(tmp_path_factory) -> Path:
+    return make_prepared(tmp_path_factory.mktemp("prepared"), MIXED)
+
+
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory, tiny_llama, mixed_prepared) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("hs") / "fp32"
+    manifest = extract(mixed_prepared, tiny_llama, out, layer_ids=(0, 2, 3), dtype="float32", device="cpu",
+                       token_budget=64, shard_tokens=60)
+    return out, manifest
+
+
+def assert_matches_reference(out: Path, prepared: Path, model_dir: Path, layer_ids, exact: bool = False,
+                             **tol) -> None:
+    for split in MIXED:
+        reader = HiddenStatesReader(out, split)
+        seqs = samples(prepared, split)
+        assert reader.sample_indices == list(range(len(seqs)))
+        for i, seq in enumerate(seqs):
+            got = reader.load(i)
+            hs, final = reference_states(model_dir, seq)
+            want_aux = torch.cat([hs[j] for j in layer_ids], dim=-1)
+            assert got["aux"].shape == (len(seq), 3 * HIDDEN) and got["final"].shape == (len(seq), HIDDEN)
+            assert reader.num_tokens(i) == len(seq)
+            if exact:
+                assert torch.equal(got["aux"], want_aux) and torch.equal(got["final"], final), (split, i)
+            else:
+                torch.testing.assert_close(got["aux"].float(), want_aux, **tol)
+                torch.testing.assert_close(got["final"].float(), final, **tol)
+
+
+# ---------------------------------------------------------------- correctness
+
+def test_planning_groups_mixed_lengths_with_padding():
+    lengths = MIXED["train"]
+    shards = plan_shards(lengths, 60)
+    assert sorted(r for s in shards for r in s.rows) == list(range(len(lengths)))
+    assert all(s.num_tokens >= 60 for s in shards[:-1])
+    flat = [lengths[r] for s in shards for r in s.rows]
+    assert flat == sorted(flat)
+    mixed_batches = 0
+    for s in shards:
+        for b0, b1 in plan_batches(s.lengths, 64):
+            batch = s.lengths[b0:b1]
+            assert (b1 - b0) * max(batch) <= 64 or b1 - b0 == 1
+            mixed_batches += len(set(batch)) > 1
+    assert mixed_batches >= 2, "the fixture must exercise padded batches of mixed lengths"
+    assert plan_batches([5, 100, 7], 50) == [(0, 1), (1, 2), (2, 3)]  # over-budget samples run alone
+
+
+def test_float32_matches_independent_forward_with_padding(fp32_run, mixed_prepared, tiny_llama):
+    out, _ = fp32_run
+    # Padded batches change the matmul shapes, so equality holds to float32 rounding only.
+    assert_matches_reference(out, mixed_prepared, tiny_llama, (0, 2, 3), rtol=1e-5, atol=1e-6)
+
+
+def test_float32_exact_when_unpadded(tmp_path, tiny_llama, mixed_prepared):
+    out = tmp_path / "hs"
+    extract(mixed_prepared, tiny_llama, out, layer_ids="0,1,3", dtype="float32", device="cpu", token_budget=1)
+    assert_matches_reference(out, mixed_prepared, tiny_llama, (0, 1, 3), exact=True)
+
+
+def test_bfloat16_default_layers_match_within_bf16_rounding(tmp_path, tiny_llama, mixed_prepared):
+    out = tmp_path / "hs"
+    manifest = extract(mixed_prepared, tiny_llama, out, device="cpu", token_budget=48, shard_tokens=100)
+    assert manifest["layer_ids"] == list(default_layer_ids(NUM_LAYERS))
+    assert manifest["dtype"] == "bfloat16"
+    reader = HiddenStatesReader(out, "train")
+    assert reader.load(0)["aux"].dtype == torch.bfloat16
+    # bf16 keeps 8 significant bits: relative rounding error <= 2**-9.
+    assert_matches_reference(out, mixed_prepared, tiny_llama, manifest["layer_ids"], rtol=2**-8, atol=1e-6)
+
+
+def test_shard_files_index_and_manifest_agree(fp32_run, mixed_prepared, tiny_llama):
+    out, manifest = fp32_run
+    assert manifest["status"] == "complete"
+    assert manifest["layer_ids"] == [0, 2, 3] and manifest["dtype"] == "float32"
+    assert manifest["hidden_size"] == HIDDEN and manifest["num_layers"] == NUM_LAYERS
+    assert manifest["prepared_manifest_sha256"] == sha256_file(mixed_prepared / "manifest.json")
+    assert manifest["verifier"]["path"] == str(tiny_llama.resolve())
+    assert manifest["verifier"]["weights"]["model.safetensors"]["sha256"] == sha256_file(
+        tiny_llama / "model.safetensors")
+    total_bytes = 0
+    for split, lens in MIXED.items():
+        index = json.loads((out / split / "index.json").read_text())
+        assert index["complete"] and index["num_tokens"] == sum(lens) and index["num_samples"] == len(lens)
+        assert len(index["shards"]) == index["num_shards"] == len(plan_shards(lens, 60))
+        for entry in index["shards"]:
+            path = out / split / entry["file"]
+            assert entry["sha256"] == sha256_file(path) and entry["bytes"] == path.stat().st_size
+            total_bytes += entry["bytes"]
+            with safe_open(str(path), framework="pt") as f:
+                assert f.get_tensor("sample_index").tolist() == entry["sample_indices"]
+                assert f.get_tensor("offsets").tolist() == entry["offsets"]
+                assert f.get_tensor("aux").shape == (entry["num_tokens"], 3 * HIDDEN)
+                assert f.get_tensor("final").shape == (entry["num_tokens"], HIDDEN)
+                assert [entry["offsets"][k + 1] - entry["offsets"][k] for k in range(entry["num_samples"])] == [
+                    lens[i] for i in entry["sample_indices"]]
+    assert manifest["counts"] == {"samples": sum(map(len, MIXED.values())),
+                                  "tokens": sum(map(sum, MIXED.values())), "bytes": total_bytes}
+    assert manifest["throughput"]["tokens"] == manifest["counts"]["tokens"]
+    assert manifest["bytes_per_token"] == 4 * HIDDEN * 4
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_nan_names_the_sample(tmp_path):
+    model_dir = make_tiny_llama(tmp_path / "poisoned", poison_token=7)
+    lengths = {"train": [6, 9, 12, 4], "validation": [5]}
+    bad = [20, 21, 7, 22, 23, 24, 25, 26, 27, 28, 29, 30]  # only train-2 contains token 7
+    prepared = make_prepared(tmp_path / "prep", lengths, avoid_token=7, tokens={("train", 2): bad})
+    with pytest.raises(Eagle3InputError, match=r"NaN/Inf.*sample id 'train-2' \(split 'train'"):
+        extract(prepared, model_dir, tmp_path / "hs", dtype="float32", device="cpu", token_budget=64)
+
+
+# ---------------------------------------------------------------- reader and compatibility
+
+def test_reader_errors_and_handle_cache(fp32_run, tmp_path):
+    out, _ = fp32_run
+    reader = HiddenStatesReader(out, "train", max_open=2)
+    assert len(reader) == len(MIXED["train"]) and 3 in reader and 999 not in reader
+    with pytest.raises(Eagle3InputError, match="sample 999 of split 'train' has no stored hidden states"):
+        reader.load(999)
+    for i in reader.sample_indices:
+        reader.load(i)
+    assert len(reader._handles) <= 2
+    reader.verify()
+    with pytest.raises(Eagle3InputError, match="index of split 'test' not found"):
+        HiddenStatesReader(out, "test")
+    with pytest.raises(Eagle3InputError, match="hidden-states directory not found"):
+        HiddenStatesReader(tmp_path / "nowhere", "train")
+
+
+def test_check_compatible(fp32_run, mixed_prepared, tiny_llama, tmp_path):
+    out, _ = fp32_run
+    assert check_compatible(out, mixed_prepared, tiny_llama)["layer_ids"] == [0, 2, 3]
+    check_compatible(out, mixed_prepared, tiny_llama, layer_ids=[0, 2, 3], hash_weights=False)
+    other_data = make_prepared(tmp_path / "other", {"train": [4, 5], "validation": [3]}, seed=3)
+    with pytest.raises(Eagle3InputError, match="do not belong to the prepared data"):
+        check_compatible(out, other_data, tiny_llama)
+    other_model = make_tiny_llama(tmp_path / "other-model", seed=1)
+    with pytest.raises(Eagle3InputError, match="were made by verifier"):
+        check_compatible(out, mixed_prepared, other_model)
+    with pytest.raises(Eagle3InputError, match="tap layers"):
+        check_compatible(out, mixed_prepared, tiny_llama, layer_ids=[1, 2, 3])
+
+
+def test_reader_reports_missing_shard_file(tmp_path, tiny_llama, mixed_prepared):
+    out = tmp_path / "hs"
+    extract(mixed_prepared, tiny_llama, out, dtype="float32", device="cpu", shard_tokens=60, splits=("validation",))
+    entry = json.loads((out / "validation" / "index.json").read_text())["shards"][0]
+    (out / "validation" / entry["file"]).unlink()
+    with pytest.raises(Eagle3InputError, match="is missing"):
+        HiddenStatesReader(out, "validation").load(entry["sample_indices"][0])
+
+
+# ---------------------------------------------------------------- bad inputs and resume rules
+
+def test_layer_id_validation():
+    assert default_layer_ids(30) == (2, 15, 27)
+    assert default_layer_ids(32) == (2, 16, 29)
+    assert validate_layer_ids(parse_layer_ids("2,15,27"), 30) == (2, 15, 27)
+    with pytest.raises(Eagle3InputError, match="final-norm output"):
+        validate_layer_ids([2, 15, 30], 30)
+    with pytest.raises(Eagle3InputError, match=r"out of range.*0\.\.29"):
+        validate_layer_ids([-1, 15, 27], 30)
+    with pytest.raises(Eagle3InputError, match="exactly 3"):
+        validate_layer_ids([2, 15], 30)
+    with pytest.raises(Eagle3InputError, match="comma-separated integers"):
+        parse_layer_ids("2;15;27")
+
+
+def test_bad_inputs(tmp_path, tiny_llama, mixed_prepared):
+    with pytest.raises(Eagle3InputError, match="prepared directory not found"):
+        extract(tmp_path / "missing", tiny_llama, tmp_path / "hs")
+    no_manifest = tmp_path / "no-manifest"
+    no_manifest.mkdir()
+    with pytest.raises(Eagle3InputError, match="no manifest.json"):
+        extract(no_manifest, tiny_llama, tmp_path / "hs")
+    with pytest.raises(Eagle3InputError, match="split 'test' not found"):
+        extract(mixed_prepared, tiny_llama, tmp_path / "hs", splits=("test",))
+    with pytest.raises(Eagle3InputError, match=f"layer id {NUM_LAYERS} is the final-norm output"):
+        extract(mixed_prepared, tiny_llama, tmp_path / "hs", layer_ids=(1, 2, NUM_LAYERS))
+    with pytest.raises(Eagle3InputError, match="dtype must be one of"):
+        extract(mixed_prepared, tiny_llama, tmp_path / "hs", dtype="int8")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("not ours")
+    with pytest.raises(Eagle3InputError, match="not empty and has no extract manifest"):
+        extract(mixed_prepared, tiny_llama, stranger, device="cpu")
+    assert not (tmp_path / "hs").exists()
+
+
+def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_prepared, monkeypatch):
+    out = tmp_path / "hs"
+    with pytest.raises(Eagle3InputError, match=r"not enough disk space.*\d+ tokens x 1024 bytes"):
+        extract(mixed_prepared, tiny_llama, out, dtype="float32", device="cpu", disk_margin=2**62)
+    monkeypatch.setenv("EAGLE3_TRAIN_DISK_MARGIN_BYTES", str(2**62))
+    with pytest.raises(Eagle3InputError, match="not enough disk space"):
+        extract(mixed_prepared, tiny_llama, out, device="cpu")
+    assert not out.exists(), "nothing may be written before the disk check"
+
+
+def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_prepared):
+    out = tmp_path / "hs"
+    kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)
+    first = extract(mixed_prepared, tiny_llama, out, **kw)
+    stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*/shard-*.safetensors")}
+    again = extract(mixed_prepared, tiny_llama, out, **kw)
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*/shard-*.safetensors")} == stamps
+    assert again["counts"] == first["counts"] and again["throughput"] == first["throughput"]
+
+    with pytest.raises(Eagle3InputError, match=r"layer_ids: existing \[1, 2, 3\], requested \[0, 1, 2\].*--overwrite"):
+        extract(mixed_prepared, tiny_llama, out, layer_ids=(0, 1, 2), **kw)
+    with pytest.raises(Eagle3InputError, match="dtype: existing 'float32', requested 'bfloat16'"):
+        extract(mixed_prepared, tiny_llama, out, **{**kw, "dtype": "bfloat16"})
+    other_model = make_tiny_llama(tmp_path / "other-model", seed=1)
+    with pytest.raises(Eagle3InputError, match="verifier: existing"):
+        extract(mixed_prepared, other_model, out, **kw)
+    changed = make_prepared(tmp_path / "changed", MIXED, seed=5)
+    with pytest.raises(Eagle3InputError, match="prepared_manifest_sha256"):
+        extract(changed, tiny_llama, out, **kw)
+
+    replaced = extract(mixed_prepared, other_model, out, overwrite=True, **kw)
+    assert replaced["verifier"]["path"] == str(other_model.resolve())
+    check_compatible(out, mixed_prepared, other_model)
+
+
+def test_cli_extract(tmp_path, tiny_llama, mixed_prepared, capsys):
+    out = tmp_path / "hs"
+    args = ["extract", "--prepared", str(mixed_prepared), "--verifier", str(tiny_llama), "--out", str(out),
+            "--dtype", "float16", "--layer-ids", "0,2,3", "--token-budget", "64", "--shard-tokens", "50",
+            "--device", "cpu", "--max-samples", "5"]
+    assert cli.main(args) == 0
+    assert "complete: 8 samples" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["layer_ids"] == [0, 2, 3] and manifest["dtype"] == "float16" and manifest["max_samples"] == 5
+    assert HiddenStatesReader(out, "train").sample_indices == [0, 1, 2, 3, 4]
+    assert HiddenStatesReader(out, "train").load(4)["final"].dtype == torch.float16
+    assert cli.main([*args[:-4], "--layer-ids", "1,2,9", "--device", "cpu"]) == 2
+    assert "layer id 9 is out of range" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a real kill in the middle
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, tiny_llama):
+    # Shard 0 is a few short samples (done quickly); then one long sample per shard keeps the process busy.
+    lengths = {"train": [16, 16, 16, 16] + [1536] * 8, "validation": [12, 20]}
+    prepared = make_prepared(tmp_path / "prep", lengths)
+    opts = ["--dtype", "float32", "--device", "cpu", "--token-budget", "2048", "--shard-tokens", "64"]
+    out = tmp_path / "hs"
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "extract", "--prepared", str(prepared),
+           "--verifier", str(tiny_llama), "--out", str(out), *opts]
+    env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    index_path = out / "train" / "index.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if index_path.is_file() and json.loads(index_path.read_text())["shards"]:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "extraction finished before it could be killed:\n" + proc.stdout.read().decode()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    index = json.loads(index_path.read_text())
+    assert 1 <= len(index["shards"]) < index["num_shards"] and not index["complete"]
+    assert json.loads((out / "manifest.json").read_text())["status"] == "in_progress"
+    finished = {out / "train" / e["file"]: (os.stat(out / "train" / e["file"]).st_ino,
+                                            os.stat(out / "train" / e["file"]).st_mtime_ns) for e in index["shards"]}
+    with pytest.raises(Eagle3InputError, match="incomplete"):
+        check_compatible(out, prepared, tiny_llama)
+
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    for path, stamp in finished.items():
+        assert (path.stat().st_ino, path.stat().st_mtime_ns) == stamp, f"{path} was rewritten"
+    assert not list(out.glob("**/*.tmp"))
+
+    reference = tmp_path / "reference"
+    assert cli.main(["extract", "--prepared", str(prepared), "--verifier", str(tiny_llama), "--out", str(reference),
+                     *opts]) == 0
+    check_compatible(out, prepared, tiny_llama)
+    for split in lengths:
+        resumed, ref = HiddenStatesReader(out, split), HiddenStatesReader(reference, split)
+        assert resumed.sample_indices == ref.sample_indices == list(range(len(lengths[split])))
+        for i in ref.sample_indices:
+            a, b = resumed.load(i), ref.load(i)
+            assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)
+    assert json.loads((out / "manifest.json").read_text())["counts"] == json.loads(
+        (reference / "manifest.json").read_text())["counts"]
+
+
+# ---------------------------------------------------------------- the real verifier
+
+@pytest.mark.slow
+def test_smollm2_matches_output_hidden_states(tmp_path):
+    from transformers import AutoTokenizer
+
+    from eagle3_train.assets.verifier import resolve_verifier
+
+    verifier = resolve_verifier("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(verifier)
+    texts = ["What is speculative decoding?", "Name three colours.", "Hi"]
+    tokens = {("train", r): tok.apply_chat_template([{"role": "user", "content": t}], tokenize=True,
+                                                    add_generation_prompt=True, return_dict=False)
+              for r, t in enumerate(texts)}
+    tokens[("validation", 0)] = tokens[("train", 0)]
+    prepared = make_prepared(tmp_path / "prep", {"train": [len(tokens[("train", r)]) for r in range(3)],
+                                                 "validation": [len(tokens[("train", 0)])]}, tokens=tokens)
+    out = tmp_path / "hs"
+    manifest = extract(prepared, "smollm2-135m-instruct", out, dtype="float32", device="cpu")
+    assert manifest["layer_ids"] == [2, 15, 27] and manifest["hidden_size"] == 576
+    reader = HiddenStatesReader(out, "train")
+    for r in range(3):
+        hs, final = reference_states(verifier, tokens[("train", r)])
+        got = reader.load(r)
+        torch.testing.assert_close(got["aux"], torch.cat([hs[2], hs[15], hs[27]], dim=-1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got["final"], final, rtol=1e-4, atol=1e-4)
