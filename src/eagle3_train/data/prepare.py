@@ -39,6 +39,7 @@ OVERFLOW_CHOICES = ("truncate", "drop")
 COLUMNS = ("id", "input_ids", "loss_mask", "length", "n_supervised")
 _BATCH = 256
 _EXAMPLES_PER_REASON = 5
+_SHARD_BYTES = 256 << 20  # ~5 bytes per token (int32 id + int8 mask)
 
 
 def verifier_vocab_size(verifier_dir: Path) -> int:
@@ -100,14 +101,14 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
     out_dir = Path(out_dir)
+    template, template_source = _chat_template(chat_template)
+    conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
     verifier_dir = resolve_verifier(verifier)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
-    template, template_source = _chat_template(chat_template)
     try:
         masker = ChatMasker(tokenizer, template)
     except ValueError as e:
         raise Eagle3InputError(f"verifier {verifier_dir}: {e}") from None
-    conversations, info = load_conversations(source, limit=limit)
 
     skipped: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
@@ -206,7 +207,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"))
+        # Explicit shard counts: datasets cannot load back an empty split saved with its default of 0 shards.
+        shards = {k: max(1, -(-sum(s["length"] for s in v) * 5 // _SHARD_BYTES)) for k, v in by_split.items()}
+        _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"), num_shards=shards)
         manifest["elapsed_s"] = round(time.time() - t0, 3)
         write_json(tmp / "manifest.json", manifest)
         _replace_dir(tmp, out_dir)
