@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
@@ -142,8 +144,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
                 skip("no_supervised_after_truncation" if cut else "no_supervised_tokens", conv_id)
                 continue
             truncated += cut
-            samples.append({"id": conv_id, "input_ids": ids, "loss_mask": mask, "length": len(ids),
-                            "n_supervised": n_sup})
+            # numpy rows: a fraction of the memory of Python int lists for large sources
+            samples.append({"id": conv_id, "input_ids": np.asarray(ids, dtype=np.int32),
+                            "loss_mask": np.asarray(mask, dtype=np.int8), "length": len(ids), "n_supervised": n_sup})
 
     batch: list[tuple[str, list[dict[str, str]]]] = []
     with progress(total=limit, desc="prepare", unit="conv") as bar:
@@ -223,6 +226,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
 
 def _to_dataset_dict(by_split: dict[str, list[dict[str, Any]]]):
     import datasets
+    import pyarrow as pa
 
     features = datasets.Features({
         "id": datasets.Value("string"),
@@ -231,8 +235,17 @@ def _to_dataset_dict(by_split: dict[str, list[dict[str, Any]]]):
         "length": datasets.Value("int32"),
         "n_supervised": datasets.Value("int32"),
     })
+    def column(name: str, rows: list[dict[str, Any]]):
+        if name in ("input_ids", "loss_mask"):  # build the Arrow list column directly: from_dict on numpy is slow
+            dtype = np.int32 if name == "input_ids" else np.int8
+            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum([len(r[name]) for r in rows], out=offsets[1:])
+            values = np.concatenate([r[name] for r in rows]) if rows else np.zeros(0, dtype=dtype)
+            return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype, copy=False)))
+        return [r[name] for r in rows]
+
     return datasets.DatasetDict({
-        name: datasets.Dataset.from_dict({c: [s[c] for s in rows] for c in COLUMNS}, features=features)
+        name: datasets.Dataset.from_dict({c: column(c, rows) for c in COLUMNS}, features=features)
         for name, rows in by_split.items()
     })
 
