@@ -41,7 +41,7 @@ def test_sharegpt_json_array(tmp_path):
                                  {"role": "assistant", "content": "Hi there — ünïcode"}]
     assert [m["role"] for m in convs[1].messages] == ["system", "user", "assistant"]
     assert [m["role"] for m in convs[2].messages] == ["user", "assistant", "user", "assistant"]
-    assert info.container == "json-array" and info.formats == {"sharegpt": 3}
+    assert info.container == "json-array" and info.formats == {"sharegpt": 3} and info.format == "sharegpt"
     assert info.records == 3 and info.conversations == 3 and info.complete and info.broken_tail is None
     assert info.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
     assert info.path == str(f)
@@ -88,6 +88,19 @@ def test_cut_off_jsonl_last_line(tmp_path):
     assert [c.id for c in convs] == ["0", "1"]
     assert info.container == "json-lines" and info.formats == {"messages": 2}
     assert info.broken_tail["byte_offset"] == len(("\n".join(lines[:2]) + "\n").encode())
+
+
+def test_byte_order_mark_and_mixed_formats(tmp_path):
+    rows = [SHAREGPT_RECORDS[0], {"id": "m", "messages": [{"role": "user", "content": "u"},
+                                                         {"role": "assistant", "content": "a"}]}]
+    body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+    f = tmp_path / "bom.jsonl"
+    cut = '{"id": "z", "conversations": [{"from": "human", "value": "cut'
+    f.write_bytes(b"\xef\xbb\xbf" + (body + cut).encode("utf-8"))
+    convs, info = collect(f)
+    assert [c.id for c in convs] == ["a1", "m"]
+    assert info.format == "mixed" and info.formats == {"sharegpt": 1, "messages": 1} and info.bom_bytes == 3
+    assert info.broken_tail == {"byte_offset": 3 + len(body.encode()), "bytes": len(cut.encode())}
 
 
 def test_openai_messages_and_content_parts(tmp_path):

@@ -11,6 +11,7 @@ Python API: `load_conversations(source, limit=None) -> (Iterator[Conversation], 
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ class SourceInfo:
     path: str
     sha256: str
     container: str = ""  # "json-array" or "json-lines"
+    format: str = ""  # record format: "sharegpt" (conversations/from/value), "messages" (role/content) or "mixed"
     formats: dict[str, int] = field(default_factory=dict)  # record format -> count ("sharegpt", "messages")
     records: int = 0  # complete records decoded (including those past a limit are not read)
     conversations: int = 0  # conversations yielded
@@ -55,6 +57,7 @@ class SourceInfo:
     limit: int | None = None
     complete: bool = False  # the whole file was read (no limit stopped it early)
     broken_tail: dict[str, int] | None = None  # {"byte_offset", "bytes"} of a cut-off last record
+    bom_bytes: int = 0  # a UTF-8 byte-order mark at the start (counted in byte offsets)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,9 +105,11 @@ def load_conversations(source: str | Path, limit: int | None = None) -> tuple[It
 
 def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conversation]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a byte-order mark
     except UnicodeDecodeError as e:
         raise Eagle3InputError(f"{path} is not UTF-8 text (byte {e.start})") from None
+    with open(path, "rb") as f:
+        info.bom_bytes = 3 if f.read(3) == codecs.BOM_UTF8 else 0
     seen: Counter[str] = Counter()
     formats: Counter[str] = Counter()
     line, last = 1, 0
@@ -116,6 +121,7 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
         fmt, conv = _parse_record(record, path, n, line)
         formats[fmt] += 1
         info.formats = dict(formats)
+        info.format = fmt if len(formats) == 1 else "mixed"
         seen[conv.id] += 1
         if seen[conv.id] > 1:  # ShareGPT reuses some ids for different conversations; keep ids unique and stable
             conv.id = f"{conv.id}#{seen[conv.id]}"
@@ -149,7 +155,7 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
             i += 1
         if i == n:
             if in_array:  # the array never closed: the file was cut between records
-                info.broken_tail = {"byte_offset": len(text.encode("utf-8")), "bytes": 0}
+                info.broken_tail = {"byte_offset": path.stat().st_size, "bytes": 0}
                 log.warning("%s: JSON array is not closed (file cut off after %d records)", path, info.records)
             return
         if in_array and text[i] == "]":
@@ -168,8 +174,8 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
             value, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError as e:
             if _runs_to_eof(e, text):
-                offset = len(text[:i].encode("utf-8"))
-                info.broken_tail = {"byte_offset": offset, "bytes": len(text.encode("utf-8")) - offset}
+                offset = info.bom_bytes + len(text[:i].encode("utf-8"))
+                info.broken_tail = {"byte_offset": offset, "bytes": path.stat().st_size - offset}
                 log.warning("%s: skipped a cut-off last record at byte %d (%d bytes; %d complete records before it)",
                             path, offset, info.broken_tail["bytes"], info.records)
                 return
