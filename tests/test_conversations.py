@@ -257,3 +257,13 @@ def test_embedded_sharegpt_whole_file_reports_cut_off_tail():
     assert tail.lstrip(b", \n").startswith(b"{")  # the tail is the start of a record that never ends
     with pytest.raises(json.JSONDecodeError):
         json.loads(tail.lstrip(b", \n"))
+
+
+def test_limit_stops_before_a_cut_off_tail(tmp_path):
+    full = json.dumps(SHAREGPT_RECORDS)
+    f = tmp_path / "cut.json"
+    f.write_text(full[: full.index('"r2"')])
+    convs, info = collect(f, limit=2)
+    assert len(convs) == 2 and info.broken_tail is None and not info.complete
+    convs, info = collect(f, limit=0)
+    assert convs == [] and info.records == 0

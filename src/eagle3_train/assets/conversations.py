@@ -113,9 +113,9 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
     seen: Counter[str] = Counter()
     formats: Counter[str] = Counter()
     line, last = 1, 0
+    if limit == 0:
+        return
     for n, (record, pos) in enumerate(_iter_values(text, path, info), start=1):
-        if limit is not None and info.conversations >= limit:
-            return
         info.records = n
         line, last = line + text.count("\n", last, pos), pos  # incremental: files can be 100+ MB
         fmt, conv = _parse_record(record, path, n, line)
@@ -128,6 +128,8 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             info.renamed_duplicate_ids += 1
         info.conversations += 1
         yield conv
+        if limit is not None and info.conversations >= limit:
+            return  # before decoding another record (a cut-off tail past the limit is not reported)
     info.complete = True
     if info.records == 0:
         raise Eagle3InputError(f"{path} contains no conversation records")
