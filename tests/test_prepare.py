@@ -298,3 +298,15 @@ def test_embedded_sharegpt_with_smollm2(tmp_path, smollm2_dir, smollm2_tokenizer
         assert row["length"] <= 1024
         for run in supervised_runs(row["input_ids"], row["loss_mask"])[:-1]:  # the last may be truncated
             assert smollm2_tokenizer.decode(run).endswith(EOT)
+
+
+def test_template_failures_are_counted(tmp_path, verifier):
+    tpl = tmp_path / "no_system.jinja"
+    tpl.write_text("{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('no system role') }}{%- endif -%}"
+                   "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' -}}"
+                   "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    src = write_records(tmp_path / "chats.json", GOOD)
+    m = prepare(src, verifier, tmp_path / "out", chat_template=str(tpl), val_fraction=0.0)
+    assert m["counts"]["skipped"] == {"chat_template_error": 1}
+    assert m["skip_examples"]["chat_template_error"] == ["g1"]
+    assert m["counts"]["kept"]["train"] == len(GOOD) - 1

@@ -129,7 +129,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         nonlocal truncated
         for (conv_id, _), res in zip(batch, masker.encode_batch([m for _, m in batch])):
             if isinstance(res, ChatTemplateError):
-                log.debug("conversation %s: %s", conv_id, res)
+                if not skipped["chat_template_error"]:
+                    log.warning("conversation %s skipped: %s (later ones: see the manifest's skip counts)",
+                                conv_id, res)
                 skip("chat_template_error", conv_id)
                 continue
             ids, mask = res.input_ids, res.loss_mask
