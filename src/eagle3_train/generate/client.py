@@ -105,8 +105,9 @@ class ChatPool:
         for ep in self.endpoints:
             await ep.client.close()
 
-    async def check_model(self, attempts: int = 5) -> None:
+    async def check_model(self) -> None:
         """Fail early and clearly when an endpoint is unreachable or does not serve `self.model`."""
+        attempts = max(1, min(5, self.max_retries + 1))
         for ep in self.endpoints:
             for attempt in range(attempts):
                 try:

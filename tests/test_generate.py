@@ -1,0 +1,264 @@
+"""The `generate` stage: crash-safe JSONL, resume after kill -9, 4xx handling, several endpoints — against a real
+vLLM server serving SmolLM2 (tests marked `vllm`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from vllm_helpers import require_vllm, shared_server
+
+from eagle3_train.generate.regenerate import AppendLog, recover_jsonl, regenerate, request_seed
+from eagle3_train.utils.io import Eagle3InputError
+
+MODEL = "smollm2"  # served name used by the shared test servers
+
+
+# --- without a server -----------------------------------------------------------------------------------------
+def test_append_log_and_torn_line_recovery(tmp_path):
+    path = tmp_path / "out.jsonl"
+    log = AppendLog(path)
+    for i in range(3):
+        log.append({"id": f"c{i}", "messages": [{"role": "user", "content": "é\n" * i}]})
+    log.close()
+    good = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"id": "c3", "messages": [{"role": "us')  # what a kill during a write could leave
+    records, cut = recover_jsonl(path)
+    assert [r["id"] for r in records] == ["c0", "c1", "c2"] and cut > 0
+    assert path.read_bytes() == good
+    assert recover_jsonl(path) == (records, 0)
+
+    path.write_bytes(good.replace(b'"c1"', b'"c1', 1))  # damage in the middle is not ours to repair
+    with pytest.raises(Eagle3InputError, match="line 2 is not valid JSON"):
+        recover_jsonl(path)
+    assert recover_jsonl(tmp_path / "absent.jsonl") == ([], 0)
+
+
+def test_request_seed_is_stable_per_conversation_and_turn():
+    assert request_seed(None, "a", 0) is None
+    assert request_seed(1, "a", 0) == request_seed(1, "a", 0)
+    assert len({request_seed(1, "a", 0), request_seed(1, "a", 1), request_seed(1, "b", 0),
+                request_seed(2, "a", 0)}) == 4
+    assert 0 <= request_seed(123, "x", 5) < 2**31
+
+
+def test_bad_settings_are_input_errors(tmp_path):
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(Eagle3InputError, match="reasoning"):
+        regenerate(src, tmp_path / "o", ["http://127.0.0.1:9/v1"], MODEL, reasoning="maybe")
+    with pytest.raises(Eagle3InputError, match="no endpoint"):
+        regenerate(src, tmp_path / "o", [], MODEL)
+    # Nothing listens on port 9: a clear message after a few attempts, not a traceback.
+    with pytest.raises(Eagle3InputError, match="cannot reach"):
+        regenerate(src, tmp_path / "o", ["http://127.0.0.1:9/v1"], MODEL, max_retries=0)
+
+
+# --- against a real vLLM server -------------------------------------------------------------------------------
+def _source(path: Path) -> list[dict]:
+    """ShareGPT- and OpenAI-style records: single and multi-turn, a system prompt, one too long for the context,
+    one whose second turn does not fit, and one without any user turn."""
+    long_text = "lorem ipsum dolor sit amet " * 700  # ~3500 tokens > max_model_len 2048
+    rows: list[dict] = []
+    topics = ["the sea", "a cat", "bread", "rain", "mountains", "a clock", "trains", "tea", "winter", "bees"]
+    for i, t in enumerate(topics):
+        if i % 3 == 0:
+            rows.append({"id": f"sg-{i}", "conversations": [
+                {"from": "human", "value": f"Write one sentence about {t}."},
+                {"from": "gpt", "value": "SOURCE ANSWER"},
+                {"from": "human", "value": "Now make it shorter."},
+                {"from": "gpt", "value": "SOURCE ANSWER 2"}]})
+        else:
+            rows.append({"id": f"msg-{i}", "messages": [
+                {"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": f"What is {t}?"},
+                {"role": "assistant", "content": "SOURCE ANSWER"}]})
+    rows.append({"id": "too-long", "messages": [{"role": "user", "content": long_text},
+                                                {"role": "assistant", "content": "x"}]})
+    rows.append({"id": "second-too-long", "messages": [
+        {"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "x"},
+        {"role": "user", "content": long_text}, {"role": "assistant", "content": "y"}]})
+    rows.append({"id": "no-user", "conversations": [{"from": "gpt", "value": "orphan answer"}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+class FlakyProxy:
+    """Forwards to a real server but answers 503 to every third chat request (to exercise retries)."""
+
+    def __init__(self, target_root: str) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        self.target, self.count, self.failed = target_root, 0, 0
+        self.loop = asyncio.new_event_loop()
+
+        async def handle(request: web.Request) -> web.Response:
+            body = await request.read()
+            if request.path.endswith("/chat/completions"):
+                self.count += 1
+                if self.count % 3 == 0:
+                    self.failed += 1
+                    return web.json_response({"error": {"message": "overloaded", "code": 503}}, status=503)
+            async with aiohttp.ClientSession() as s, s.request(request.method, self.target + request.path_qs,
+                                                               data=body, headers={"content-type": "application/json"}
+                                                               ) as r:
+                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    require_vllm()
+    root = tmp_path_factory.mktemp("vllm")
+    return shared_server("plain", root), shared_server("eagle3", root)
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.vllm
+def test_generate_survives_kill_9_and_resumes_without_duplicates_or_gaps(servers, tmp_path):
+    plain, spec = servers
+    src = tmp_path / "source.jsonl"
+    rows = _source(src)
+    out = tmp_path / "gen"
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(src), "--endpoint", plain.base_url,
+           "--model", MODEL, "--out", str(out), "--concurrency", "2", "--max-tokens", "24", "--temperature", "0"]
+    env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 600
+    while _lines(out / "conversations.jsonl") < 2:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "no output after 600 s"
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no cleanup at all
+    proc.wait()
+    before = _lines(out / "conversations.jsonl") + _lines(out / "skipped.jsonl")
+    assert before < len(rows), "the run finished before it could be killed; make the source longer"
+    with open(out / "conversations.jsonl", "ab") as f:
+        f.write(b'{"id": "msg-1", "messages": [{"ro')  # a torn write, as a kill mid-write would leave
+
+    proxy = FlakyProxy(plain.root_url)
+    try:
+        manifest = regenerate(src, out, [proxy.url, spec.base_url], MODEL, concurrency=3, max_tokens=24)
+    finally:
+        proxy.close()
+
+    done, _ = recover_jsonl(out / "conversations.jsonl")
+    skipped, _ = recover_jsonl(out / "skipped.jsonl")
+    ids = [r["id"] for r in done] + [r["id"] for r in skipped]
+    assert len(ids) == len(set(ids)), "duplicate ids after resume"
+    assert set(ids) == {r["id"] for r in rows}, "gap after resume"
+    reasons = {r["id"]: r["reason"] for r in skipped}
+    assert reasons == {"too-long": "context_too_long", "no-user": "no_assistant_turn"}
+    assert proxy.failed > 0 and manifest["this_run"]["retries"] >= proxy.failed
+
+    by_id = {r["id"]: r for r in done}
+    for row in rows:
+        if row["id"] not in by_id:
+            continue
+        rec = by_id[row["id"]]
+        src_msgs = row.get("messages") or [{"role": {"human": "user", "gpt": "assistant"}[t["from"]],
+                                            "content": t["value"]} for t in row["conversations"]]
+        if row["id"] == "second-too-long":
+            assert rec["truncated"] == "context_too_long" and len(rec["turns"]) == 1
+            src_msgs = src_msgs[:2]
+        assert [m["role"] for m in rec["messages"]] == [m["role"] for m in src_msgs]
+        for m, s in zip(rec["messages"], src_msgs):
+            if m["role"] == "assistant":
+                assert m["content"] and not m["content"].startswith("SOURCE ANSWER")
+            else:
+                assert m == s
+        assert len(rec["turns"]) == sum(m["role"] == "assistant" for m in rec["messages"])
+        for t in rec["turns"]:
+            assert t["finish_reason"] in ("stop", "length")
+            assert 0 < t["usage"]["completion_tokens"] <= 24 and t["usage"]["prompt_tokens"] > 0
+
+    counts = manifest["counts"]
+    assert manifest["status"] == "complete" and counts["done"] == len(done) and counts["remaining"] == 0
+    assert counts["skipped"] == {"context_too_long": 1, "no_assistant_turn": 1} and counts["truncated"] == 1
+    assert manifest["endpoints"] == [proxy.url, spec.base_url] and manifest["model"] == MODEL
+    assert manifest["sampling"]["temperature"] == 0.0 and manifest["sampling"]["max_tokens"] == 24
+    assert manifest["this_run"]["torn_bytes_removed"] > 0
+    assert len(manifest["source"]["sha256"]) == 64
+
+    # The output feeds `prepare`: it reads as a conversation source with the same ids.
+    from eagle3_train.assets.conversations import load_conversations
+
+    convs, _ = load_conversations(out)
+    assert sorted(c.id for c in convs) == sorted(by_id)
+
+    # Turn 2 was generated on the model's own turn-1 answer: replaying greedily gives the same text.
+    import openai
+
+    client = openai.OpenAI(base_url=plain.base_url, api_key="EMPTY")
+    rec = by_id["sg-0"]
+    history = []
+    for m in rec["messages"]:
+        if m["role"] == "assistant":
+            r = client.chat.completions.create(model=MODEL, messages=history, max_tokens=24, temperature=0)
+            assert r.choices[0].message.content == m["content"]
+        history.append(m)
+
+    # A rerun with everything done sends no request; other sampling settings are refused.
+    again = regenerate(src, out, [plain.base_url], MODEL, max_tokens=24)
+    assert again["this_run"]["requests"] == 0 and again["counts"]["done"] == len(done)
+    with pytest.raises(Eagle3InputError, match="other settings.*temperature"):
+        regenerate(src, out, [plain.base_url], MODEL, max_tokens=24, temperature=0.7)
+
+
+@pytest.mark.vllm
+def test_wrong_model_name_stops_the_run_clearly(servers, tmp_path):
+    plain, _ = servers
+    src = tmp_path / "source.jsonl"
+    _source(src)
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(src), "--endpoint", plain.base_url,
+           "--model", "no-such-model", "--out", str(tmp_path / "gen")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"})
+    assert r.returncode == 2
+    assert "does not serve model 'no-such-model'" in r.stderr and MODEL in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "gen" / "conversations.jsonl").exists()
+
+
+@pytest.mark.vllm
+def test_generate_reasoning_modes_and_sampling(servers, tmp_path):
+    """Sampling with a seed is reproducible; `disable` sends enable_thinking=false, which plain templates ignore."""
+    plain, _ = servers
+    src = tmp_path / "source.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": q},
+                                                                    {"role": "assistant", "content": "-"}]}) + "\n"
+                           for i, q in enumerate(["Tell me a joke.", "Name three fruits."])))
+    kw = dict(max_tokens=16, temperature=0.9, top_p=0.95, seed=7, reasoning="disable")
+    m1 = regenerate(src, tmp_path / "a", [plain.base_url], None, **kw)  # model discovered from /v1/models
+    m2 = regenerate(src, tmp_path / "b", [plain.base_url], MODEL, **kw)
+    assert m1["model"] == MODEL and m1["sampling"]["seed"] == 7 and m1["sampling"]["reasoning"] == "disable"
+    a = {r["id"]: r["messages"] for r in recover_jsonl(tmp_path / "a" / "conversations.jsonl")[0]}
+    b = {r["id"]: r["messages"] for r in recover_jsonl(tmp_path / "b" / "conversations.jsonl")[0]}
+    assert a == b and len(a) == 2 and m2["counts"]["done"] == 2
+    assert all("reasoning_content" not in m for msgs in a.values() for m in msgs)

@@ -1,0 +1,81 @@
+"""Served evaluation against real vLLM servers: SmolLM2 with a RANDOM EAGLE-3 draft vs. SmolLM2 alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from vllm_helpers import require_vllm, shared_server
+
+from eagle3_train.evaluate.prompts import EvalPrompt
+from eagle3_train.evaluate.served import add_served_arguments, evaluate_served, root_url, run_served
+from eagle3_train.utils.io import Eagle3InputError
+
+PROMPTS = [EvalPrompt("p0", "mini", ["What is the capital of France?", "And of Italy?"]),
+           EvalPrompt("p1", "mini", ["List two colours."]),
+           EvalPrompt("p2", "mini", ["Say hello in Spanish."])]
+
+
+def test_root_url_and_cli_options():
+    assert root_url("http://h:1/v1/") == "http://h:1" and root_url("http://h:1") == "http://h:1"
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")  # an option the evaluate CLI may already define is not added twice
+    add_served_arguments(p)
+    a = p.parse_args(["--endpoint", "http://x/v1", "--prompts", "humaneval", "-k", "2", "--out", "d"])
+    assert (a.endpoint, a.prompts, a.num_speculative_tokens, a.out, a.max_tokens) == ("http://x/v1", "humaneval",
+                                                                                      2, "d", 128)
+    with pytest.raises(Eagle3InputError, match="--endpoint URL.*--draft DIR"):
+        run_served(p.parse_args(["--prompts", "mt-bench", "--limit", "1"]))
+    with pytest.raises(Eagle3InputError, match="no prompts"):
+        evaluate_served("http://127.0.0.1:9/v1", "m", [])
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    require_vllm()
+    root = tmp_path_factory.mktemp("vllm")
+    return shared_server("plain", root), shared_server("eagle3", root)
+
+
+@pytest.mark.vllm
+def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers):
+    plain, spec = servers
+    r = evaluate_served(spec.base_url, spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
+                        baseline_url=plain.base_url, baseline_model=plain.model_name)
+    k = spec.speculative["num_speculative_tokens"]
+    acc = r["acceptance"]
+    assert r["speculative"] and acc is not None
+    assert acc["num_drafts"] > 0 and acc["num_draft_tokens"] == k * acc["num_drafts"]
+    assert len(acc["per_position_acceptance"]) == k
+    # A random draft almost never guesses the verifier's token: acceptance length ~1.
+    assert 1.0 <= acc["mean_acceptance_length"] < 1.3
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + acc["num_accepted_tokens"] / acc["num_drafts"])
+    assert r["requests"] == sum(len(p.turns) for p in PROMPTS) and r["errors"] == 0
+    gen = sum(sum(c["completion_tokens"]) for c in r["completions"])
+    assert r["generated_tokens"] == gen > 0 and r["tokens_per_s"] > 0
+    # The server counts every generated token once.
+    assert acc["server_generation_tokens"] == gen
+
+    # Speculation must not change greedy output; the second turn saw the model's own first answer.
+    assert r["greedy_identical"] == {"identical": 3, "compared": 3, "differing_ids": []}
+    assert [len(c["outputs"]) for c in r["completions"]] == [2, 1, 1]
+    assert r["baseline"]["speculative"] is False and r["speedup"] > 0
+
+
+@pytest.mark.vllm
+def test_run_served_writes_results(servers, tmp_path):
+    plain, spec = servers
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": p.id, "turns": p.turns}) + "\n" for p in PROMPTS[1:]))
+    p = argparse.ArgumentParser()
+    add_served_arguments(p)
+    args = p.parse_args(["--endpoint", spec.base_url, "--baseline-endpoint", plain.base_url, "--prompts",
+                         str(prompts), "--max-tokens", "8", "--concurrency", "2", "--out", str(tmp_path / "ev")])
+    result = run_served(args)
+    saved = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert saved["acceptance"] == result["acceptance"] and saved["acceptance"]["num_drafts"] > 0
+    assert saved["model"] == spec.model_name and saved["n_prompts"] == 2
+    lines = (tmp_path / "ev" / "served_completions.jsonl").read_text().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["p1", "p2"]
+    assert all(json.loads(x)["outputs"] == json.loads(x)["baseline_outputs"] for x in lines)
