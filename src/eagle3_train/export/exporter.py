@@ -9,7 +9,6 @@ import argparse
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from eagle3_train.export.layouts import (
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.formats import load_draft_source
 from eagle3_train.train.checkpoint import METADATA, load_draft
-from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, make_temp_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
@@ -131,8 +130,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
         config = speculators_config_json(cfg, dtype, speculative_tokens, str(verifier_path))
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = make_temp_dir(out)
     try:
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")

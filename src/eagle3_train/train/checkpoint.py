@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, make_temp_dir, read_json, write_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
@@ -46,8 +45,7 @@ def save_weights(model: Eagle3Draft, directory: Path) -> None:
 def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
                     metadata: dict[str, Any]) -> Path:
     """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = make_temp_dir(directory)
     try:
         save_weights(model, tmp)
         model.config.save(tmp / CONFIG)

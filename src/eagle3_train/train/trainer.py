@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -59,18 +60,23 @@ def _autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def build_model(cfg: TrainConfig, inputs: RunInputs) -> Eagle3Draft:
+def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
+                vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Eagle3Draft:
+    """`overrides` (DraftConfig fields) and `vocab` (d2t, t2d) come from a finetuning source; default: the run's."""
+    d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
     draft_cfg = DraftConfig.from_verifier(
-        inputs.verifier_config, draft_vocab_size=inputs.d2t.shape[0], aux_layer_ids=inputs.layer_ids,
+        inputs.verifier_config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
         intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
         norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output)
+    if overrides:
+        draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier_name
     torch.manual_seed(cfg.seed)
     model = Eagle3Draft(draft_cfg)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(inputs.embed)
-        model.set_vocab(inputs.d2t, inputs.t2d)
+        model.set_vocab(d2t, t2d)
         if cfg.lm_head_init == "verifier":
             model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
         elif cfg.lm_head_init != "random":
@@ -106,12 +112,16 @@ class Trainer:
             raise Eagle3InputError(f"train.precision must be auto, fp32 or bf16, got '{cfg.precision}'")
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
-        self.model = build_model(cfg, self.inputs)
         self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
         if cfg.finetune_from:
-            from eagle3_train.train.finetune import apply_finetune_source
+            from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source
 
-            self.init_record = apply_finetune_source(self.model, cfg, self.inputs)
+            # Read and check the source first; the draft is built with ITS architecture (and vocab under 'keep').
+            source = load_finetune_source(cfg, self.inputs)
+            self.model = build_model(cfg, self.inputs, overrides=source.draft_overrides, vocab=source.vocab)
+            self.init_record = apply_finetune_source(self.model, cfg, self.inputs, source)
+        else:
+            self.model = build_model(cfg, self.inputs)
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

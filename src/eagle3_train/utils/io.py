@@ -26,6 +26,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide outputs from other users (e.g. a serving account)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -35,6 +36,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def make_temp_dir(target: Path) -> Path:
+    """A temporary sibling directory of `target` (same filesystem, so a rename publishes it atomically)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    os.chmod(tmp, 0o755)
+    return tmp
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:

@@ -1,0 +1,227 @@
+"""`eagle3-train run --config FILE`: the whole pipeline on one YAML config, resumable stage by stage.
+
+prepare -> [generate -> prepare] -> vocab -> extract -> train -> export -> evaluate. A stage whose output records the
+same settings is skipped on a rerun; train resumes from its last checkpoint. Ends with a summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.utils.config import apply_overrides, load_yaml
+from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_json, write_json
+from eagle3_train.utils.provenance import environment, now_iso
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "run_dir": "runs/default",
+    "verifier": "smollm2-135m-instruct",
+    "prepare": {"data": "sharegpt", "limit": None, "max_length": 2048, "overflow": "truncate", "val_fraction": 0.05,
+                "seed": 0},
+    "generate": {"enabled": False},
+    "vocab": {"size": 32000},
+    "extract": {"dtype": "bfloat16", "token_budget": 8192},
+    "train": {},
+    "export": {"formats": ["eagle"], "dtype": "bfloat16", "speculative_tokens": 3},
+    "evaluate": {"vllm": False, "offline": False},
+}
+
+
+def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise Eagle3InputError(f"unknown top-level config section(s) {unknown}; known: {sorted(DEFAULTS)}")
+    out: dict[str, Any] = {}
+    for k, default in DEFAULTS.items():
+        v = raw.get(k, default)
+        out[k] = {**default, **(v or {})} if isinstance(default, dict) else v
+    return out
+
+
+class Pipeline:
+    def __init__(self, config: dict[str, Any]):
+        self.cfg = merged_config(config)
+        self.run_dir = Path(self.cfg["run_dir"])
+        self.state_path = self.run_dir / "pipeline_state.json"
+        self.state = read_json(self.state_path) if self.state_path.is_file() else {"stages": {}}
+        self.summary: dict[str, Any] = {}
+
+    def _done(self, stage: str, settings: dict[str, Any], output: Path) -> bool:
+        rec = self.state["stages"].get(stage)
+        return bool(rec and rec["settings_sha256"] == sha256_json(settings) and output.exists())
+
+    def _record(self, stage: str, settings: dict[str, Any], seconds: float, result: Any = None) -> None:
+        self.state["stages"][stage] = {"settings_sha256": sha256_json(settings), "finished": now_iso(),
+                                       "seconds": round(seconds, 1), "result": result}
+        write_json(self.state_path, self.state)
+
+    def stage(self, name: str, settings: dict[str, Any], output: Path, fn) -> Any:
+        if self._done(name, settings, output):
+            log.info("[%s] already done with these settings -> %s (skipped)", name, output)
+            return self.state["stages"][name].get("result")
+        log.info("[%s] starting -> %s", name, output)
+        t0 = time.time()
+        result = fn()
+        self._record(name, settings, time.time() - t0, result)
+        log.info("[%s] done in %.0f s", name, time.time() - t0)
+        return result
+
+    # --- stages -------------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        cfg, rd = self.cfg, self.run_dir
+        rd.mkdir(parents=True, exist_ok=True)
+        write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
+        verifier = cfg["verifier"]
+        from eagle3_train.assets.verifier import resolve_verifier
+
+        verifier_dir = resolve_verifier(verifier)
+        prep = dict(cfg["prepare"])
+        data_source = prep.pop("data")
+        gen = dict(cfg["generate"])
+        if gen.pop("enabled", False):
+            data_source = self._generate(data_source, verifier_dir, gen)
+        prepared = rd / "prepared"
+        p_settings = {"data": str(data_source), "verifier": str(verifier), **prep}
+        from eagle3_train.data.prepare import prepare
+
+        manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
+                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep)))
+        self.summary["data"] = manifest
+
+        vocab_dir = rd / "vocab"
+        v_settings = {**cfg["vocab"], "prepared": p_settings}
+        from eagle3_train.vocab.build import build_vocab
+
+        self.summary["vocab"] = self.stage("vocab", v_settings, vocab_dir / "vocab.safetensors",
+                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir, **cfg["vocab"])))
+
+        hidden = rd / "hidden_states"
+        e_settings = {**cfg["extract"], "prepared": p_settings, "verifier": str(verifier)}
+        from eagle3_train.hidden_states.extract import extract
+
+        self.summary["extract"] = self.stage(
+            "extract", e_settings, hidden / "manifest.json",
+            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"])))
+
+        train_out = rd / "train"
+        t_values = {"prepared": str(prepared), "hidden_states": str(hidden), "vocab": str(vocab_dir),
+                    "out": str(train_out), "verifier": str(verifier), **cfg["train"]}
+        t_settings = {**t_values, "inputs": [p_settings, e_settings, v_settings]}
+        self.summary["train"] = self.stage("train", t_settings, train_out / "final",
+                                           lambda: self._train(t_values, train_out))
+
+        exports: dict[str, str] = {}
+        ex = dict(cfg["export"])
+        formats = ex.pop("formats")
+        from eagle3_train.export.exporter import export
+
+        for fmt in formats:
+            out = rd / f"export-{fmt}"
+            res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
+                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier_dir),
+                                                             **ex))
+            exports[fmt] = res["out"]
+            self.summary.setdefault("serve", {})[fmt] = res["serve"]
+        self.summary["exports"] = exports
+        self._evaluate(exports, verifier_dir, t_settings)
+        write_json(rd / "summary.json", self.summary)
+        print(format_summary(self.summary))
+        return self.summary
+
+    def _generate(self, data_source: str, verifier_dir: Path, gen: dict[str, Any]) -> str:
+        from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
+
+        out = self.run_dir / "generated"
+        settings = {"data": data_source, **gen}
+        result = self.stage("generate", settings, out / "conversations.jsonl",
+                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen))
+        if not result or result.get("skipped"):
+            log.warning("generation skipped (%s); training on the original answers", (result or {}).get("reason"))
+            self.summary["generate"] = result
+            return data_source
+        self.summary["generate"] = result
+        return str(out / "conversations.jsonl")
+
+    def _train(self, values: dict[str, Any], out: Path) -> dict[str, Any]:
+        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.train.trainer import train
+        from eagle3_train.utils.config import to_dataclass
+
+        cfg = to_dataclass(TrainConfig, values, "config section `train`")
+        cfg.resume = (out / "checkpoints" / "latest.json").is_file()
+        r = train(cfg)
+        return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
+                "best": r["best"], "final": r.get("final")}
+
+    def _evaluate(self, exports: dict[str, str], verifier_dir: Path, t_settings: dict[str, Any]) -> None:
+        ev = dict(self.cfg["evaluate"])
+        run_vllm, run_offline = ev.pop("vllm"), ev.pop("offline")
+        if not (run_vllm or run_offline):
+            return
+        from eagle3_train.evaluate.pipeline_eval import pipeline_evaluate
+
+        settings = {**ev, "vllm": run_vllm, "offline": run_offline, "train": t_settings}
+        self.summary["evaluate"] = self.stage(
+            "evaluate", settings, self.run_dir / "evaluate" / "results.json",
+            lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
+                                      offline=run_offline, **ev))
+
+
+def _counts(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"counts": manifest.get("counts"), "source": manifest.get("source")}
+
+
+def _vocab_summary(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: m.get(k) for k in ("draft_vocab_size", "coverage", "sha256") if k in m} or m
+
+
+def _extract_summary(m: dict[str, Any]) -> dict[str, Any]:
+    return {"counts": m.get("counts"), "throughput": m.get("throughput"), "layer_ids": m.get("layer_ids")}
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    rows: list[tuple[str, str]] = []
+    counts = ((s.get("data") or {}).get("counts")) or {}
+    rows.append(("data", json.dumps(counts, default=str)[:200]))
+    ext = s.get("extract") or {}
+    if ext.get("throughput"):
+        rows.append(("extract", json.dumps(ext["throughput"], default=str)[:200]))
+    tr = s.get("train") or {}
+    if tr:
+        rows.append(("training tokens/s", f"{tr.get('tokens_per_s', 0):.0f}"))
+        val = tr.get("validation") or {}
+        ests = {k: round(v, 3) for k, v in val.items() if k.startswith("accept_len_k")}
+        rows.append(("estimated acceptance length (validation)", json.dumps(ests)))
+    ev = s.get("evaluate") or {}
+    for name, res in ev.items():
+        if isinstance(res, dict) and "mean_acceptance_length" in res:
+            rows.append((f"acceptance length: {name}", f"{res['mean_acceptance_length']:.3f}"))
+    for fmt, path in (s.get("exports") or {}).items():
+        rows.append((f"exported draft ({fmt})", path))
+    for fmt, cmd in (s.get("serve") or {}).items():
+        rows.append((f"serve with vLLM ({fmt})", cmd))
+    width = max(len(r[0]) for r in rows)
+    lines = ["", "=" * 100, "eagle3-train run summary", "-" * 100]
+    lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines.append("=" * 100)
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML run config (see configs/)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a setting")
+    p.add_argument("--run-dir", help="override run_dir")
+
+
+def main(args: argparse.Namespace) -> int:
+    raw = apply_overrides(load_yaml(args.config), args.set)
+    if args.run_dir:
+        raw["run_dir"] = args.run_dir
+    Pipeline(raw).run()
+    return 0

@@ -1,0 +1,344 @@
+"""Finetune from an existing EAGLE-3 draft (ours, EAGLE/SpecForge/SGLang, speculators) and record where it came from.
+
+`Trainer.__init__` does, when `train.finetune_from` is set:
+    source = load_finetune_source(cfg, inputs)       # read the source and check it fits THIS verifier; nothing built
+    model = build_model(cfg, inputs, overrides=source.draft_overrides, vocab=source.vocab)
+    init = apply_finetune_source(model, cfg, inputs, source)   # load the weights; the `init` record of the run
+`finetune_model(cfg, inputs) -> (model, init)` does the three steps.
+
+Policies:
+- Architecture: the draft follows the SOURCE (layers, intermediate size, heads, rope, eps, norm_before_residual,
+  norm_before_fc, fc_norm, norm_output); the run's `train.*` architecture settings are replaced (noted if they differ).
+- Must match this verifier, else one Eagle3InputError before any training: hidden size (`fc.weight`), vocabulary
+  size (`t2d`, `embed_tokens.weight`), and the aux layers (the source's ids must equal the extracted `layer_ids`).
+- Tensors: every tensor of the built draft must come from the source; missing ones stop the run unless
+  `allow_missing` (they then keep their fresh initialisation). `embed_tokens.weight` is never loaded (the verifier's
+  embedding is used; a warning when they differ) and `*.rotary_emb.inv_freq` is recomputed; both are listed as
+  ignored. Any other tensor we cannot place stops the run unless `allow_missing` (then ignored, listed and warned).
+- Vocabulary: `keep` uses the source's d2t/t2d and lm_head as they are (the run's vocab file is not used); `rebuild`
+  uses the run's d2t/t2d and remaps lm_head rows by token id: shared tokens keep their trained row, new tokens start
+  from the verifier's output row (or stay random with `lm_head_init: random`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from eagle3_train.model.formats import (
+    AUX_DEFAULT,
+    AUX_NESTED,
+    AUX_OURS,
+    AUX_TOP,
+    LoadedDraft,
+    fill_default_aux_ids,
+    load_draft_source,
+    load_tensor_data,
+    source_summary,
+)
+from eagle3_train.utils.io import Eagle3InputError
+
+log = logging.getLogger(__name__)
+
+VOCAB_POLICIES = ("keep", "rebuild")
+# DraftConfig fields taken from the source: they shape the weights or change what the network computes.
+ARCH_FIELDS = ("num_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "hidden_act",
+               "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# TrainConfig settings that the source's values replace.
+RUN_ARCH_SETTINGS = ("num_layers", "intermediate_size", "norm_before_residual", "norm_before_fc", "fc_norm",
+                     "norm_output")
+_VOCAB_KEYS = ("d2t", "t2d")
+_NOT_LOADED = ("embed_tokens.weight",)
+
+
+@dataclass
+class FinetuneSource:
+    """A source draft read and checked against the run's verifier, ready to be loaded into a built model."""
+    loaded: LoadedDraft
+    draft_overrides: dict[str, Any]  # DraftConfig fields for build_model
+    vocab: tuple[torch.Tensor, torch.Tensor] | None  # (d2t, t2d) to build with: the source's (keep), None (rebuild)
+    d2t: torch.Tensor  # the source's mapping, checked
+    t2d: torch.Tensor
+    summary: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def _verifier_dims(inputs) -> tuple[int, int, int]:
+    c = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    return int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
+
+
+def _warn(notes: list[str], msg: str) -> None:
+    log.warning("finetune: %s", msg)
+    notes.append(msg)
+
+
+def _check_verifier_fit(loaded: LoadedDraft, inputs, H: int, V: int) -> None:
+    """Hidden size and vocabulary: a draft made for another verifier stops here, with the tensor that shows it."""
+    where, name = f"finetune source {loaded.path}", inputs.verifier_name
+    other = "A draft only works with the verifier whose hidden states and vocabulary it was trained on."
+    fc = loaded.tensors.get("fc.weight")
+    if fc is not None and tuple(fc.shape) != (H, 3 * H):
+        raise Eagle3InputError(
+            f"{where}: tensor '{loaded.source_name('fc.weight')}' has shape {list(fc.shape)}, but the draft for "
+            f"verifier {name} needs {[H, 3 * H]}: the source was made for a verifier with hidden size "
+            f"{fc.shape[1] // 3} (draft hidden size {fc.shape[0]}), and {name} has hidden size {H}. {other}")
+    if fc is None and loaded.config.hidden_size != H:
+        raise Eagle3InputError(f"{where}: its config has hidden_size {loaded.config.hidden_size}, but verifier {name} "
+                               f"has hidden size {H}: the source was made for another verifier. {other}")
+    t2d = loaded.tensors.get("t2d")
+    if t2d is not None and tuple(t2d.shape) != (V,):
+        raise Eagle3InputError(
+            f"{where}: tensor '{loaded.source_name('t2d')}' has shape {list(t2d.shape)}, but verifier {name} has a "
+            f"vocabulary of {V} tokens (shape {[V]}): the source was made for a verifier with another tokenizer. "
+            f"{other}")
+    embed = loaded.extra.get("embed_tokens.weight")
+    if embed is not None and tuple(embed.shape) != (V, H):
+        raise Eagle3InputError(
+            f"{where}: tensor '{loaded.source_name('embed_tokens.weight')}' has shape {list(embed.shape)}, but "
+            f"verifier {name}'s embedding is {[V, H]}: the source was made for another verifier. {other}")
+    if loaded.config.vocab_size != V:
+        raise Eagle3InputError(f"{where}: its config has vocab_size {loaded.config.vocab_size}, but verifier {name} "
+                               f"has {V} tokens: the source was made for a verifier with another tokenizer. {other}")
+
+
+def _check_aux_layers(loaded: LoadedDraft, inputs, L: int, notes: list[str]) -> None:
+    src, run = tuple(loaded.config.aux_layer_ids), tuple(inputs.layer_ids)
+    origin = {AUX_OURS: "from its draft_config.json", AUX_TOP: "from its config's eagle_aux_hidden_state_layer_ids",
+              AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids, SGLang's convention shifted by +1",
+              AUX_DEFAULT: f"its config names none, so the engines' default for this {L}-layer verifier"
+              }[loaded.aux_ids_origin]
+    where = f"finetune source {loaded.path}"
+    if max(src) > L:
+        raise Eagle3InputError(f"{where}: the draft reads verifier layers {list(src)} ({origin}), but verifier "
+                               f"{inputs.verifier_name} has only {L} layers: it was made for a deeper verifier")
+    if src != run:
+        ids = ",".join(map(str, src))
+        raise Eagle3InputError(
+            f"{where}: the draft was trained on verifier layers {list(src)} ({origin}), but the hidden states in "
+            f"{inputs.hidden_dir} hold layers {list(run)}: its fc would fuse other layers than it learned. Re-extract "
+            f"with `eagle3-train extract --layer-ids {ids}` or choose another source.")
+    recorded = loaded.config.verifier_num_layers
+    if loaded.aux_ids_origin == AUX_OURS and recorded and recorded != L:
+        _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier_name} has {L}")
+    if loaded.aux_ids_origin == AUX_NESTED:
+        _warn(notes, f"aux layer ids of the source are ambiguous (only the nested SGLang key): read as {list(src)}")
+
+
+def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The source's (d2t, t2d), checked: d2t is what the engines serve with, so t2d follows it."""
+    where = f"finetune source {loaded.path}"
+    d2t, t2d = loaded.tensors.get("d2t"), loaded.tensors.get("t2d")
+    lm = loaded.tensors.get("lm_head.weight")
+    rows = lm.shape[0] if lm is not None else loaded.config.draft_vocab_size
+    if d2t is None:
+        if rows != V:
+            raise Eagle3InputError(f"{where}: no d2t tensor, but lm_head has {rows} rows for a {V}-token vocabulary: "
+                                   f"without d2t nobody can tell which token each row predicts")
+        notes.append("no d2t: the draft predicts the whole vocabulary (identity mapping)")
+        return torch.zeros(V, dtype=torch.long), torch.ones(V, dtype=torch.bool)
+    name = loaded.source_name("d2t")
+    if d2t.ndim != 1 or d2t.is_floating_point():
+        raise Eagle3InputError(f"{where}: tensor '{name}' must be a 1-D integer tensor, got {d2t.dtype} "
+                               f"{list(d2t.shape)}")
+    d2t = d2t.long()
+    if d2t.shape[0] != rows:
+        raise Eagle3InputError(f"{where}: tensor '{name}' maps {d2t.shape[0]} draft rows, but lm_head has {rows} "
+                               f"rows: the vocabulary mapping and the head disagree")
+    targets = torch.arange(d2t.shape[0]) + d2t
+    if targets.min() < 0 or targets.max() >= V:
+        raise Eagle3InputError(f"{where}: tensor '{name}' maps draft rows to token ids outside [0, {V}) "
+                               f"(range {int(targets.min())}..{int(targets.max())})")
+    if torch.unique(targets).numel() != targets.numel():
+        raise Eagle3InputError(f"{where}: tensor '{name}' maps several draft rows to the same token")
+    expected = torch.zeros(V, dtype=torch.bool)
+    expected[targets] = True
+    if t2d is not None and not torch.equal(t2d.bool(), expected):
+        _warn(notes, f"t2d of the source disagrees with its d2t ({int(t2d.bool().sum())} vs {d2t.shape[0]} tokens); "
+                     f"using t2d rebuilt from d2t, which is what the engines serve with")
+    return d2t, expected
+
+
+def load_finetune_source(cfg, inputs) -> FinetuneSource:
+    """Read `cfg.finetune_from` in any layout and check it against the run's verifier and hidden states."""
+    if cfg.finetune_vocab not in VOCAB_POLICIES:
+        raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
+    loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
+    notes: list[str] = []
+    for n in loaded.notes:
+        _warn(notes, n)
+    summary = source_summary(loaded)
+    H, V, L = _verifier_dims(inputs)
+    fill_default_aux_ids(loaded.config, L)
+    _check_verifier_fit(loaded, inputs, H, V)
+    _check_aux_layers(loaded, inputs, L, notes)
+    d2t, t2d = _source_vocab(loaded, V, notes)
+    loaded = load_tensor_data(loaded)
+    overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
+    for f in RUN_ARCH_SETTINGS:
+        mine = getattr(cfg, f)
+        if f == "intermediate_size" and mine is None:
+            continue  # "the verifier's" - not a choice the user made
+        if mine != overrides[f]:
+            _warn(notes, f"train.{f}={mine} replaced by the source's {overrides[f]}")
+    vocab = (d2t, t2d) if cfg.finetune_vocab == "keep" else None
+    return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes)
+
+
+def _check_built_for(model, source: FinetuneSource, policy: str, inputs) -> None:
+    hint = "build it with build_model(cfg, inputs, overrides=source.draft_overrides, vocab=source.vocab)"
+    for f, v in source.draft_overrides.items():
+        if getattr(model.config, f) != v:
+            raise Eagle3InputError(f"the draft was built with {f}={getattr(model.config, f)}, but the finetune source "
+                                   f"has {v}: {hint}")
+    want = source.d2t.shape[0] if policy == "keep" else inputs.d2t.shape[0]
+    if model.config.draft_vocab_size != want:
+        raise Eagle3InputError(f"the draft has {model.config.draft_vocab_size} draft-vocab rows, but finetune_vocab="
+                               f"{policy} needs {want}: {hint}")
+
+
+def _shape_error(loaded: LoadedDraft, wrong: list[tuple[str, tuple, tuple]]) -> Eagle3InputError:
+    k, got, want = wrong[0]
+    more = "".join(f"; '{loaded.source_name(k2)}' {list(g)} vs {list(w)}" for k2, g, w in wrong[1:6])
+    return Eagle3InputError(
+        f"finetune source {loaded.path}: tensor '{loaded.source_name(k)}' has shape {list(got)}, but the draft built "
+        f"from the source's own config needs {list(want)}: its config.json does not describe its weights "
+        f"(intermediate_size, heads, head_dim or draft_vocab_size differ) - the config was edited or belongs to "
+        f"another draft{more}")
+
+
+@torch.no_grad()
+def _embed_difference(stored: torch.Tensor, verifier: torch.Tensor, chunk: int = 8192) -> float:
+    worst = 0.0
+    for s in range(0, stored.shape[0], chunk):
+        d = (stored[s:s + chunk].float() - verifier[s:s + chunk].float()).abs()
+        tol = 1e-3 + 1e-2 * verifier[s:s + chunk].float().abs()  # bf16/fp16 storage of the same values passes
+        worst = max(worst, float((d - tol).clamp(min=0).max()))
+    return worst
+
+
+def _vocab_overlap(src_ids: torch.Tensor, run_ids: torch.Tensor) -> dict[str, Any]:
+    shared = int(torch.isin(run_ids, src_ids).sum())
+    return {"source_draft_vocab_size": int(src_ids.numel()), "run_draft_vocab_size": int(run_ids.numel()),
+            "shared_tokens": shared, "share_of_source": round(shared / max(1, src_ids.numel()), 4),
+            "share_of_run": round(shared / max(1, run_ids.numel()), 4)}
+
+
+@torch.no_grad()
+def _remap_lm_head(model, src_lm: torch.Tensor, src_ids: torch.Tensor, inputs, lm_head_init: str) -> None:
+    """Rows of tokens in both vocabularies keep their trained row; new tokens start from the verifier's row."""
+    run_ids = model.draft_token_ids().cpu()
+    row_of = torch.full((model.config.vocab_size,), -1, dtype=torch.long)
+    row_of[src_ids] = torch.arange(src_ids.numel())
+    src_rows = row_of[run_ids]
+    shared = src_rows >= 0
+    w = model.lm_head.weight
+    new = inputs.lm_head[run_ids].to(w) if lm_head_init == "verifier" else w.detach().clone()
+    new[shared] = src_lm[src_rows[shared]].to(w)
+    w.copy_(new)
+
+
+def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = None) -> dict[str, Any]:
+    """Load the source's weights into `model` (built for this verifier) and return the run's `init` record."""
+    source = source or load_finetune_source(cfg, inputs)
+    loaded, policy = source.loaded, cfg.finetune_vocab
+    notes = list(source.notes)
+    _check_built_for(model, source, policy, inputs)
+    state = model.state_dict()
+    H = model.config.hidden_size
+    wanted = {k: tuple(v.shape) for k, v in state.items() if k not in _NOT_LOADED + _VOCAB_KEYS}
+    if policy == "rebuild":
+        wanted["lm_head.weight"] = (source.d2t.shape[0], H)  # the source's rows, remapped below
+    to_copy: dict[str, torch.Tensor] = {}
+    wrong: list[tuple[str, tuple, tuple]] = []
+    ignored: list[str] = []
+    unknown = list(loaded.unknown)
+    for k, v in loaded.tensors.items():
+        if k in _VOCAB_KEYS:
+            continue
+        if k in wanted and tuple(v.shape) == wanted[k]:
+            to_copy[k] = v
+        elif k in wanted:
+            wrong.append((k, tuple(v.shape), wanted[k]))
+        elif k.endswith("rotary_emb.inv_freq"):
+            ignored.append(loaded.source_name(k))
+            notes.append(f"{loaded.source_name(k)} ignored: RoPE frequencies are recomputed from rope_theta")
+        else:
+            unknown.append(loaded.source_name(k))
+    if wrong:
+        raise _shape_error(loaded, wrong)
+    embed = loaded.extra.get("embed_tokens.weight")
+    if embed is not None:
+        ignored.append(loaded.source_name("embed_tokens.weight"))
+        diff = _embed_difference(embed, inputs.embed)
+        if diff > 0:
+            _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
+                         f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
+        else:
+            notes.append("the source's embed_tokens equals the verifier's (not loaded; the verifier's is used)")
+    missing = sorted(set(wanted) - set(to_copy))
+    if unknown:
+        msg = (f"finetune source {loaded.path} holds tensors this draft has no place for: {sorted(unknown)} - they "
+               f"belong to a layout or option we do not support, and dropping them would change the network")
+        if not cfg.allow_missing:
+            raise Eagle3InputError(msg + "; pass --allow-missing to ignore them (they are recorded)")
+        _warn(notes, msg + "; ignored (allow_missing)")
+        ignored += sorted(unknown)
+    if missing:
+        msg = f"finetune source {loaded.path} lacks trainable tensors of the draft: {missing}"
+        if not cfg.allow_missing:
+            raise Eagle3InputError(msg + "; pass --allow-missing to start them from a fresh initialisation")
+        _warn(notes, msg + "; they start from a fresh initialisation (allow_missing)")
+
+    params = dict(model.named_parameters())
+    src_ids = torch.arange(source.d2t.shape[0]) + source.d2t
+    with torch.no_grad():
+        for k, v in to_copy.items():
+            if k == "lm_head.weight" and policy == "rebuild":
+                continue
+            params[k].copy_(v.to(params[k].dtype))  # cast to the built model's dtype
+        if policy == "keep":
+            model.set_vocab(source.d2t, source.t2d)
+            overlap = _vocab_overlap(src_ids, torch.arange(inputs.d2t.shape[0]) + inputs.d2t)
+            notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's vocab "
+                         f"{inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
+        else:
+            model.set_vocab(inputs.d2t, inputs.t2d)
+            if "lm_head.weight" in to_copy:
+                _remap_lm_head(model, to_copy["lm_head.weight"], src_ids, inputs, cfg.lm_head_init)
+            overlap = _vocab_overlap(src_ids, model.draft_token_ids().cpu())
+            overlap["new_rows_from"] = "verifier lm_head" if cfg.lm_head_init == "verifier" else "random init"
+            notes.append(f"vocab rebuild: {overlap['shared_tokens']} of {overlap['run_draft_vocab_size']} draft tokens "
+                         f"keep their trained lm_head row ({overlap['share_of_run']:.1%}); the rest start from the "
+                         f"{overlap['new_rows_from']}")
+    loaded_keys = sorted(to_copy) + (list(_VOCAB_KEYS) if policy == "keep" else [])
+    log.info("finetune: loaded %d tensors from %s (%s format); renamed %d, ignored %s, missing %s; vocab %s "
+             "(%d shared tokens)", len(loaded_keys), loaded.path, loaded.format, len(loaded.renamed), ignored, missing,
+             policy, overlap["shared_tokens"])
+    return {
+        "method": "finetune",
+        "source": str(cfg.finetune_from),
+        "resolved": str(loaded.path.resolve()),
+        "format": loaded.format,
+        "weight_files": loaded.weight_files,
+        "source_config_summary": source.summary,
+        "source_metadata": loaded.metadata,
+        "keys": {"loaded": loaded_keys, "renamed": dict(loaded.renamed), "ignored": ignored, "missing": missing},
+        "vocab_policy": policy,
+        "vocab_overlap": overlap,
+        "allow_missing": bool(cfg.allow_missing),
+        "notes": notes,
+    }
+
+
+def finetune_model(cfg, inputs):
+    """Read the source, build the draft with its architecture for this verifier, load it: (model, init record)."""
+    from eagle3_train.train.trainer import build_model
+
+    source = load_finetune_source(cfg, inputs)
+    model = build_model(cfg, inputs, overrides=source.draft_overrides, vocab=source.vocab)
+    return model, apply_finetune_source(model, cfg, inputs, source)
