@@ -3,18 +3,23 @@
 Layouts: ours (`draft_config.json`), EAGLE/SpecForge/SGLang (`midlayer.*`, Llama config with `draft_vocab_size`),
 speculators (`layers.N.*` + `speculators_config`). Weights: `model.safetensors`, a sharded
 `model.safetensors.index.json`, `pytorch_model.bin`, or a single `.safetensors` file with a `config.json` beside it.
+A training run directory resolves to its `final/` checkpoint (else the latest one); a `owner/name` that is not a local
+path is downloaded from the hub where the network allows.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
+import pickle
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from eagle3_train.model.config import DraftConfig, default_aux_layer_ids
@@ -23,6 +28,13 @@ from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 log = logging.getLogger(__name__)
 
 OURS, EAGLE, SPECULATORS = "eagle3-train", "eagle", "speculators"
+# Where the aux-layer ids came from: our draft_config.json, the top-level key (vLLM, "input of layer i"), only the
+# nested eagle_config key (SGLang, "output of layer i", shifted +1), or nowhere (the engines' default for the verifier).
+AUX_OURS, AUX_TOP, AUX_NESTED, AUX_DEFAULT = "ours", "top-level", "nested", "default"
+_SMALL = ("d2t", "t2d")  # read for real even when only shapes are asked for
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 @dataclass
@@ -32,13 +44,19 @@ class LoadedDraft:
     format: str
     config: DraftConfig
     tensors: dict[str, torch.Tensor]
-    weight_files: dict[str, str]  # file name -> sha256
+    weight_files: dict[str, str]  # file name -> sha256 (empty until the data is read: see shapes_only)
     source_config: dict[str, Any]
     renamed: dict[str, str] = field(default_factory=dict)  # source key -> our key
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors we use only for checks (embed_tokens)
     unknown: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     metadata: dict[str, Any] | None = None  # the source's own training_metadata.json, if any
+    aux_ids_origin: str = AUX_DEFAULT
+    files: list[Path] = field(default_factory=list)  # the weight files read
+
+    def source_name(self, our_key: str) -> str:
+        """The key as the source file spells it (for messages)."""
+        return next((k for k, v in self.renamed.items() if v == our_key), our_key)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -46,8 +64,7 @@ def _weight_files(path: Path) -> list[Path]:
         return [path]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        wm = read_json(index, "safetensors index")["weight_map"]
-        return [path / f for f in sorted(set(wm.values()))]
+        return [path / f for f in sorted(set(_weight_map(index).values()))]
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return [path / name]
@@ -58,20 +75,45 @@ def _weight_files(path: Path) -> list[Path]:
                            f"pytorch_model.bin or one .safetensors file)")
 
 
-def read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+def _weight_map(index: Path) -> dict[str, str]:
+    wm = read_json(index, "safetensors index").get("weight_map")
+    if not isinstance(wm, dict) or not wm:
+        raise Eagle3InputError(f"{index}: no 'weight_map' (tensor name -> shard file)")
+    return wm
+
+
+def _read_safetensors(f: Path, shapes_only: bool) -> dict[str, torch.Tensor]:
+    if not shapes_only:
+        return load_file(str(f))
+    out: dict[str, torch.Tensor] = {}
+    with safe_open(str(f), "pt") as g:
+        for k in g.keys():
+            if k.split(".")[-1] in _SMALL:
+                out[k] = g.get_tensor(k)
+                continue
+            sl = g.get_slice(k)
+            out[k] = torch.empty(sl.get_shape(), dtype=_ST_DTYPES.get(sl.get_dtype(), torch.float32), device="meta")
+    return out
+
+
+def read_tensors(files: list[Path], shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """All tensors of the weight files; with `shapes_only`, big tensors come back on the meta device (no data)."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         if not f.is_file():
             raise Eagle3InputError(f"weight file {f} listed by the index is missing")
         try:
             if f.suffix == ".safetensors":
-                part = load_file(str(f))
+                part = _read_safetensors(f, shapes_only)
             else:
                 part = torch.load(f, map_location="cpu", weights_only=True)
-        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as e:
+        except (SafetensorError, RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
             raise Eagle3InputError(f"weight file {f} cannot be read (corrupt or truncated?): {e}") from None
-        if not isinstance(part, dict):
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise Eagle3InputError(f"weight file {f} does not hold a name->tensor mapping")
+        twice = sorted(set(part) & set(tensors))
+        if twice:
+            raise Eagle3InputError(f"weight file {f} repeats tensors already read from another file: {twice[:5]}")
         tensors.update(part)
     return tensors
 
@@ -100,6 +142,16 @@ def _rope(c: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
+def aux_ids_origin(cfg: dict[str, Any], fmt: str) -> str:
+    if fmt == OURS:
+        return AUX_OURS
+    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+        return AUX_TOP
+    if (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        return AUX_NESTED
+    return AUX_DEFAULT
+
+
 def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch.Tensor],
                          notes: list[str]) -> DraftConfig:
     """Translate an EAGLE- or speculators-format config.json into our DraftConfig."""
@@ -117,11 +169,15 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
     lm = tensors.get("lm_head.weight")
     vd = _pick(top, "draft_vocab_size", default=lm.shape[0] if lm is not None else layer.get("vocab_size"))
     ids = top.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and eagle_cfg.get("eagle_aux_hidden_state_layer_ids"):
-        nested = list(eagle_cfg["eagle_aux_hidden_state_layer_ids"])
+    nested = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None and nested:
         ids = [i + 1 for i in nested]
-        notes.append(f"aux layer ids only in eagle_config {nested}: read in SGLang's convention (output of layer i) "
-                     f"as vLLM ids {ids}; vLLM itself would read them unshifted — check the source's intent")
+        notes.append(f"aux layer ids only in eagle_config {list(nested)}: read in SGLang's convention (output of "
+                     f"layer i) as vLLM ids {ids}; vLLM itself would read them unshifted - check the source's intent")
+    elif ids and nested and [i + 1 for i in nested] != list(ids):
+        notes.append(f"aux layer ids disagree: top-level {list(ids)} (vLLM, input of layer i) vs eagle_config "
+                     f"{list(nested)} (SGLang, output of layer i); using the top-level ids - the engines serve "
+                     f"different layers with this config")
     if "norm_before_residual" not in top:
         notes.append(f"source config has no norm_before_residual; using {default_nbr} as vLLM would for this format")
     return DraftConfig(
@@ -137,6 +193,22 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         fc_norm=bool(top.get("fc_norm", False)), norm_output=bool(top.get("norm_output", False)),
         verifier=_verifier_of(cfg),
     )
+
+
+def _reconcile_with_tensors(config: DraftConfig, tensors: dict[str, torch.Tensor], notes: list[str]) -> DraftConfig:
+    """The weights are the truth about structure: a config that omits a flag its tensors need is corrected (noted)."""
+    changes: dict[str, Any] = {}
+    if "input_norm.weight" in tensors and not config.norm_before_fc:
+        changes["norm_before_fc"] = True
+    if any(k.startswith("fc_norm.") for k in tensors) and not config.fc_norm:
+        changes["fc_norm"] = True
+    layer_ids = {int(m.group(1)) for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))}
+    if layer_ids and max(layer_ids) + 1 != config.num_layers:
+        changes["num_layers"] = max(layer_ids) + 1
+    if not changes:
+        return config
+    notes.append(f"config.json disagrees with the weights; following the weights: {changes}")
+    return dataclasses.replace(config, **changes)
 
 
 def _verifier_of(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -155,14 +227,74 @@ def rename_key(key: str) -> str | None:
     return None
 
 
-def load_draft_source(source: str | Path) -> LoadedDraft:
-    """Read a draft directory or weight file in any supported layout (no model is built here)."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_source_path(source: str | Path, notes: list[str] | None = None) -> Path:
+    """A local draft directory/file, a training run directory (-> its final or latest checkpoint), or a hub id."""
+    notes = notes if notes is not None else []
     path = Path(source).expanduser()
     if not path.exists():
-        if "/" in str(source) and not str(source).startswith((".", "/")):
-            path = _download(str(source))
-        else:
-            raise Eagle3InputError(f"draft checkpoint not found: {source}")
+        if _HUB_ID.match(str(source)):
+            return _download(str(source))
+        raise Eagle3InputError(f"draft checkpoint not found: {source}")
+    if path.is_file() and path.name.endswith(".index.json"):
+        return path.parent
+    if path.is_dir() and not (path / "config.json").is_file() and not (path / "draft_config.json").is_file():
+        if (path / "final" / "draft_config.json").is_file():
+            notes.append(f"{path} is a training run: using its final checkpoint")
+            return path / "final"
+        pointer = path / "checkpoints" / "latest.json"
+        if pointer.is_file():
+            d = path / "checkpoints" / read_json(pointer, "latest checkpoint pointer")["dir"]
+            notes.append(f"{path} is an unfinished training run: using its latest checkpoint {d.name}")
+            return d
+    return path
+
+
+def _rename_all(raw: dict[str, torch.Tensor], path: Path):
+    """-> (tensors under our names, extra (embed_tokens), unknown source keys, renamed source->ours)."""
+    renamed: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    extra: dict[str, torch.Tensor] = {}
+    unknown: list[str] = []
+    origin_of: dict[str, str] = {}
+    for k, v in raw.items():
+        new = rename_key(k)
+        if new is None:
+            unknown.append(k)
+            continue
+        if new in origin_of:
+            raise Eagle3InputError(f"{path}: tensors '{origin_of[new]}' and '{k}' both map to '{new}' - which one "
+                                   f"is the draft's?")
+        origin_of[new] = k
+        if new != k:
+            renamed[k] = new
+        (extra if new == "embed_tokens.weight" else tensors)[new] = v
+    return tensors, extra, unknown, renamed
+
+
+def load_tensor_data(loaded: LoadedDraft) -> LoadedDraft:
+    """The same draft with its tensors' data and file hashes, for one read with `shapes_only` (check, then read)."""
+    files = loaded.files or _weight_files(loaded.path)
+    hashes = loaded.weight_files or {f.name: sha256_file(f) for f in files}
+    if not any(t.is_meta for t in (*loaded.tensors.values(), *loaded.extra.values())):
+        return dataclasses.replace(loaded, weight_files=hashes)
+    tensors, extra, _, _ = _rename_all(read_tensors(files), loaded.path)
+    for k in ("d2t", "t2d"):  # already real (t2d may have been rebuilt from d2t)
+        if k in loaded.tensors:
+            tensors[k] = loaded.tensors[k]
+    return dataclasses.replace(loaded, tensors=tensors, extra=extra, weight_files=hashes)
+
+
+def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDraft:
+    """Read a draft directory or weight file in any supported layout (no model is built here).
+
+    `shapes_only` reads tensor shapes and dtypes without their data (meta tensors), except the small d2t/t2d, and
+    does not hash the files; `load_tensor_data` completes such a draft.
+    """
+    notes: list[str] = []
+    path = resolve_source_path(source, notes)
     directory = path if path.is_dir() else path.parent
     files = _weight_files(path)
     cfg_path = directory / "config.json"
@@ -171,20 +303,13 @@ def load_draft_source(source: str | Path) -> LoadedDraft:
         raise Eagle3InputError(f"{directory}: no config.json beside the weights (needed to know the draft's shape)")
     source_config = read_json(directory / "draft_config.json" if ours else cfg_path, "draft config")
     fmt = detect_format(source_config, directory)
-    raw = read_tensors(files)
-    notes: list[str] = []
-    renamed: dict[str, str] = {}
-    tensors: dict[str, torch.Tensor] = {}
-    extra: dict[str, torch.Tensor] = {}
-    unknown: list[str] = []
-    for k, v in raw.items():
-        new = rename_key(k)
-        if new is None:
-            unknown.append(k)
-            continue
-        if new != k:
-            renamed[k] = new
-        (extra if new == "embed_tokens.weight" else tensors)[new] = v
+    raw = read_tensors(files, shapes_only)
+    index = directory / "model.safetensors.index.json"
+    if path.is_dir() and index.is_file():
+        absent = sorted(set(_weight_map(index)) - set(raw))
+        if absent:
+            raise Eagle3InputError(f"{index} lists tensors that no shard holds (incomplete download?): {absent[:5]}")
+    tensors, extra, unknown, renamed = _rename_all(raw, path)
     if fmt == OURS:
         config = DraftConfig.from_dict(source_config)
     else:
@@ -192,24 +317,31 @@ def load_draft_source(source: str | Path) -> LoadedDraft:
             config = config_from_external(source_config, fmt, tensors, notes)
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
+        config = _reconcile_with_tensors(config, tensors, notes)
     if "d2t" in tensors and "t2d" not in tensors:
+        d2t = tensors["d2t"].long()
+        targets = torch.arange(d2t.shape[0]) + d2t
+        if d2t.ndim != 1 or (len(targets) and (targets.min() < 0 or targets.max() >= config.vocab_size)):
+            raise Eagle3InputError(f"{path}: d2t maps draft rows outside the vocabulary [0, {config.vocab_size})")
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(tensors["d2t"].shape[0]) + tensors["d2t"]] = True
+        t2d[targets] = True
         tensors["t2d"] = t2d
         notes.append("t2d rebuilt from d2t (t2d[i + d2t[i]] = True)")
     meta_path = directory / "training_metadata.json"
-    metadata = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    return LoadedDraft(path, fmt, config, tensors, {f.name: sha256_file(f) for f in files}, source_config, renamed,
-                       extra, unknown, notes, metadata)
+    metadata = read_json(meta_path, "training metadata") if meta_path.is_file() else None
+    hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}
+    return LoadedDraft(path, fmt, config, tensors, hashes, source_config, renamed, extra, unknown, notes, metadata,
+                       aux_ids_origin(source_config, fmt), files)
 
 
 def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
     try:
+        from huggingface_hub import snapshot_download
+
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
     except Exception as e:  # noqa: BLE001 - hub errors come in many types
-        raise Eagle3InputError(f"could not download draft '{repo_id}' from the hub: {e}") from None
+        raise Eagle3InputError(f"draft checkpoint '{repo_id}' is not a local path, and downloading it from the hub "
+                               f"failed: {e}") from None
 
 
 def fill_default_aux_ids(config: DraftConfig, verifier_num_layers: int) -> DraftConfig:
@@ -217,3 +349,29 @@ def fill_default_aux_ids(config: DraftConfig, verifier_num_layers: int) -> Draft
         config.aux_layer_ids = default_aux_layer_ids(verifier_num_layers)
     config.verifier_num_layers = config.verifier_num_layers or verifier_num_layers
     return config
+
+
+def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
+    """What a draft is, in a few JSON fields (training metadata and `eagle3-train inspect`)."""
+    c, sc = loaded.config, loaded.source_config
+    every = {**loaded.tensors, **loaded.extra}
+    float_like = [t for k, t in every.items() if k not in _SMALL]
+    ids = None if tuple(c.aux_layer_ids) == (0, 0, 0) else list(c.aux_layer_ids)
+    return {
+        "format": loaded.format,
+        "architectures": sc.get("architectures"),
+        "speculators_version": sc.get("speculators_version"),
+        "hidden_size": c.hidden_size, "target_hidden_size": c.target_hidden_size, "num_layers": c.num_layers,
+        "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
+        "aux_layer_ids": ids, "aux_ids_origin": loaded.aux_ids_origin, "verifier_num_layers": c.verifier_num_layers,
+        "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
+        "norm_output": c.norm_output,
+        "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "dtypes": dict(Counter(str(t.dtype).replace("torch.", "") for t in float_like)),
+        "parameters": sum(t.numel() for t in float_like),
+        "has_d2t": "d2t" in loaded.tensors, "has_embed_tokens": "embed_tokens.weight" in loaded.extra,
+        "verifier": c.verifier,
+    }

@@ -125,8 +125,6 @@ def _check_aux_layers(loaded: LoadedDraft, inputs, L: int, notes: list[str]) -> 
     recorded = loaded.config.verifier_num_layers
     if loaded.aux_ids_origin == AUX_OURS and recorded and recorded != L:
         _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier_name} has {L}")
-    if loaded.aux_ids_origin == AUX_NESTED:
-        _warn(notes, f"aux layer ids of the source are ambiguous (only the nested SGLang key): read as {list(src)}")
 
 
 def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

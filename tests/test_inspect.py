@@ -1,0 +1,144 @@
+"""`eagle3-train inspect`: summary of any draft layout, read from headers only, and the lineage of finetunes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import pytest
+from draft_layouts import (
+    VD,
+    make_inputs,
+    random_token_ids,
+    reference_draft,
+    train_config,
+    verifier_head,
+    vocab_from_ids,
+    write_big_eagle_draft,
+    write_eagle_original,
+    write_ours,
+    write_speculators,
+)
+
+from eagle3_train import cli
+from eagle3_train.export.exporter import export
+from eagle3_train.export.inspect import format_report, inspect_checkpoint
+from eagle3_train.train.checkpoint import save_checkpoint
+from eagle3_train.train.finetune import finetune_model
+from eagle3_train.train.metadata import build_metadata
+
+
+@pytest.fixture(scope="module")
+def head():
+    return verifier_head()
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return vocab_from_ids(random_token_ids(VD, seed=1))
+
+
+@pytest.fixture(scope="module")
+def ref(head, vocab):
+    return reference_draft(head[0], vocab, norm_before_fc=True, norm_output=True, norm_before_residual=True)
+
+
+@pytest.fixture
+def inputs(tmp_path, head, vocab):
+    return make_inputs(tmp_path, head[0], head[1], vocab)
+
+
+def test_external_speculators_draft(ref, tmp_path):
+    info = inspect_checkpoint(write_speculators(ref, tmp_path / "spec"))
+    s = info["summary"]
+    assert info["format"] == "speculators" and s["speculators_version"] == "0.9.0"
+    assert (s["norm_before_fc"], s["norm_output"], s["norm_before_residual"], s["fc_norm"]) == (True, True, True, False)
+    assert s["aux_layer_ids"] == [2, 15, 27] and s["aux_ids_origin"] == "top-level"
+    assert info["tensors"]["input_norm.weight"] == {"shape": [3 * 576], "dtype": "bfloat16"}
+    assert info["tensors"]["layers.0.self_attn.q_proj.weight"]["shape"] == [9 * 64, 2 * 576]
+    assert info["tensors"]["d2t"]["dtype"] == "int64"
+    ids = ref.draft_token_ids()
+    assert info["vocab"]["token_id_range"] == [int(ids.min()), int(ids.max())]
+    assert s["parameters"] == sum(v.numel() for k, v in ref.trainable_state_dict().items() if k not in ("d2t", "t2d"))
+    assert info["lineage"] == []
+    assert "no training_metadata.json" in format_report(info)
+
+
+def test_original_eagle_bin_lists_its_own_names(head, vocab, tmp_path):
+    ref = reference_draft(head[0], vocab)
+    info = inspect_checkpoint(write_eagle_original(ref, tmp_path / "eagle"))
+    assert info["format"] == "eagle"
+    assert "midlayer.mlp.down_proj.weight" in info["tensors"] and "t2d" not in info["tensors"]
+    assert info["summary"]["aux_ids_origin"] == "default" and info["summary"]["aux_layer_ids"] is None
+    assert any("t2d rebuilt" in n for n in info["notes"])
+
+
+def test_huge_draft_is_inspected_from_headers(tmp_path):
+    d = write_big_eagle_draft(tmp_path / "kimi", hidden=7168, heads=64, inter=18432, vocab=163840, draft_vocab=32000)
+    info = inspect_checkpoint(d)
+    s = info["summary"]
+    assert (s["hidden_size"], s["vocab_size"], s["draft_vocab_size"]) == (7168, 163840, 32000)
+    assert info["tensors"]["fc.weight"] == {"shape": [7168, 3 * 7168], "dtype": "bfloat16"}
+    expected = sum(math.prod(t["shape"]) for k, t in info["tensors"].items() if k not in ("d2t", "t2d"))
+    assert s["parameters"] == expected > 1_000_000_000 and s["has_embed_tokens"]
+    assert "sha256" not in info["weight_files"]["model.safetensors"]
+
+
+def test_hashes_on_request(ref, tmp_path):
+    d = write_speculators(ref, tmp_path / "spec")
+    info = inspect_checkpoint(d, hash_files=True)
+    assert info["weight_files"]["model.safetensors"]["sha256"] == \
+        hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+
+
+def _metadata(cfg, inputs, model, init, step):
+    return build_metadata(cfg, inputs, model.config, init, 1, started="t", status="finished",
+                          progress={"step": step}, metrics={})
+
+
+def test_lineage_of_an_export_back_to_the_random_start(ref, inputs, tmp_path):
+    cfg_a = train_config("", seed=3, out=str(tmp_path / "run-a"))
+    run_a = write_ours(ref, tmp_path / "run-a", _metadata(cfg_a, inputs, ref, {"method": "random", "seed": 3}, 100))
+    model_b, init_b = finetune_model(train_config(run_a), inputs)
+    cfg_b = train_config(run_a, out=str(tmp_path / "run-b"))
+    save_checkpoint(tmp_path / "run-b" / "final", model_b, None, _metadata(cfg_b, inputs, model_b, init_b, 40))
+    export(tmp_path / "run-b", tmp_path / "export", fmt="eagle", dtype="bfloat16")
+    info = inspect_checkpoint(tmp_path / "export")
+    chain = info["lineage"]
+    assert [e["run"] for e in chain] == [str(tmp_path / "run-b"), str(tmp_path / "run-a")]
+    assert chain[0]["from"] == str(run_a) and chain[0]["export"]["format"] == "eagle"
+    assert chain[1]["from"] == "random initialisation (seed 3)" and chain[1]["step"] == 100
+    text = format_report(info)
+    assert f"finetuned from {run_a} (eagle3-train format, vocab keep)" in text
+    assert "random initialisation (seed 3)" in text
+
+
+def test_lineage_ends_at_an_external_draft(ref, inputs, tmp_path):
+    spec = write_speculators(ref, tmp_path / "published")
+    model, init = finetune_model(train_config(spec), inputs)
+    save_checkpoint(tmp_path / "run" / "final", model, None,
+                    _metadata(train_config(spec, out=str(tmp_path / "run")), inputs, model, init, 10))
+    chain = inspect_checkpoint(tmp_path / "run")["lineage"]
+    assert chain[-1]["external"] == str(spec) and chain[-1]["format"] == "speculators"
+    assert chain[-1]["weight_files"] == {"model.safetensors":
+                                         hashlib.sha256((spec / "model.safetensors").read_bytes()).hexdigest()}
+
+
+def test_cli(ref, tmp_path, capsys):
+    d = write_speculators(ref, tmp_path / "spec")
+    assert cli.main(["inspect", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "speculators format" in out and "norm_before_fc=True" in out and "layers.0.mlp.up_proj.weight" in out
+    assert cli.main(["inspect", str(d), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["draft_vocab_size"] == VD
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+    assert cli.main(["inspect", str(d)]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_cli_rejects_a_directory_without_a_draft(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["inspect", str(tmp_path / "empty")]) == 2
+    assert "no weights found" in capsys.readouterr().err
