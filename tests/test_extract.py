@@ -284,6 +284,9 @@ def test_bad_inputs(tmp_path, tiny_llama, mixed_prepared):
     (stranger / "notes.txt").write_text("not ours")
     with pytest.raises(Eagle3InputError, match="not empty and has no extract manifest"):
         extract(mixed_prepared, tiny_llama, stranger, device="cpu")
+    with pytest.raises(Eagle3InputError, match="belongs to another stage"):
+        extract(mixed_prepared, tiny_llama, mixed_prepared, device="cpu", overwrite=True)
+    assert (mixed_prepared / "manifest.json").is_file()
     assert not (tmp_path / "hs").exists()
 
 

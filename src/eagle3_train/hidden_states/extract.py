@@ -360,8 +360,13 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
     }
 
     old_manifest = None
-    if (out_dir / "manifest.json").is_file() and not overwrite:
-        old_manifest = read_json(out_dir / "manifest.json", "extract manifest")
+    if (out_dir / "manifest.json").is_file():
+        existing = read_json(out_dir / "manifest.json", "extract manifest")
+        if existing.get("format") != FORMAT:  # never overwrite another stage's output
+            raise Eagle3InputError(f"{out_dir / 'manifest.json'} belongs to another stage "
+                                   f"({existing.get('stage', 'unknown')!r}); choose a separate --out directory")
+        old_manifest = None if overwrite else existing
+    if old_manifest is not None:
         diffs = _resume_conflicts(old_manifest, settings)
         if diffs:
             raise Eagle3InputError(f"{out_dir} already holds hidden states made with different settings ("
@@ -423,8 +428,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
     write_json(out_dir / "manifest.json", manifest)
 
     model = None
-    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "load_s": 0.0}
-    start = time.perf_counter()
+    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "load_s": 0.0, "load_cpu_s": 0.0}
+    start, start_cpu = time.perf_counter(), time.process_time()
     bar = progress(total=todo_tokens, desc="extract", unit="tok")
     try:
         for split in splits:
@@ -433,13 +438,14 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
             todo = [p for p in plans[split] if p.number not in done[split]]
             if todo and model is None:
                 log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
-                t_load = time.perf_counter()
+                t_load, cpu_load = time.perf_counter(), time.process_time()
                 model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=compute_torch_dtype)
                 model = model.to(device).eval()
                 base, layers = decoder_parts(model)
                 capture = AuxCapture(layers, ids, store_dtype)
                 pad_id = getattr(text_config, "pad_token_id", None) or 0
                 stats["load_s"] = time.perf_counter() - t_load
+                stats["load_cpu_s"] = time.process_time() - cpu_load
             write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
             columns = ds[split].select_columns(["id", "input_ids"])
             for plan in todo:
@@ -484,6 +490,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
             capture.remove()
 
     seconds = time.perf_counter() - start - stats["load_s"]  # throughput of the extraction loop, not the load
+    # CPU time of all threads: on a shared machine tokens per CPU-second varies less than wall-clock tokens/s.
+    cpu_seconds = time.process_time() - start_cpu - stats["load_cpu_s"]
     if stats["tokens"]:
         peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         if device.startswith("cuda"):
@@ -492,7 +500,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
             "tokens": stats["tokens"], "seconds": round(seconds, 3),
             "tokens_per_s": round(stats["tokens"] / seconds, 1) if seconds > 0 else None,
             "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
-            "load_seconds": round(stats["load_s"], 3),
+            "load_seconds": round(stats["load_s"], 3), "cpu_seconds": round(cpu_seconds, 3),
             "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
     manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
                           for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
