@@ -166,13 +166,13 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
     if cfg.finetune_vocab not in VOCAB_POLICIES:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
     loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
-    notes: list[str] = []
-    for n in loaded.notes:
-        _warn(notes, n)
     summary = source_summary(loaded)
     H, V, L = _verifier_dims(inputs)
     fill_default_aux_ids(loaded.config, L)
     _check_verifier_fit(loaded, inputs, H, V)
+    notes: list[str] = []
+    for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
+        _warn(notes, n)
     _check_aux_layers(loaded, inputs, L, notes)
     d2t, t2d = _source_vocab(loaded, V, notes)
     loaded = load_tensor_data(loaded)
