@@ -250,6 +250,12 @@ def main(args: argparse.Namespace) -> int:
     server = VLLMServer(model, port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
                         served_model_name=args.served_model_name, speculative=spec, enforce_eager=args.enforce_eager,
                         log_path=args.log, startup_timeout=args.startup_timeout)
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
+
+    signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a non-interactive shell
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with server:
         print(f"vLLM serving {server.model_name!r} at {server.base_url} (log {server.log_path}); Ctrl-C stops it",
               flush=True)

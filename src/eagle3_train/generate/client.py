@@ -24,6 +24,13 @@ _CONTEXT_PHRASES = ("maximum context length", "context length", "context_length"
                     "reduce the length", "max_model_len")
 
 
+def quiet_http_logs() -> None:
+    """The HTTP client logs every request at INFO; keep that for --verbose (root logger at DEBUG) only."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ("httpx", "httpx2", "openai"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 class FatalRequestError(RuntimeError):
     """A request failed in a way no retry or other sample will fix (wrong model name, authentication)."""
 

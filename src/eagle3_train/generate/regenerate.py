@@ -42,6 +42,7 @@ from eagle3_train.generate.client import (
     EndpointUnavailable,
     FatalRequestError,
     RequestRejected,
+    quiet_http_logs,
 )
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.progress import progress
@@ -396,6 +397,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    quiet_http_logs()
     endpoints = list(args.endpoint)
     kwargs = dict(limit=args.limit, concurrency=args.concurrency, max_tokens=args.max_tokens,
                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, reasoning=args.reasoning,
