@@ -51,6 +51,7 @@ class TrainConfig:
     save_every: int | None = None  # steps; checkpoints are also written at the end of each epoch
     keep_last: int = 2
     resume: bool = False
+    stop_after: int | None = None  # end this invocation after N more optimizer steps (checkpointed; resume later)
     max_eval_batches: int | None = None
     tensorboard: bool = True
 

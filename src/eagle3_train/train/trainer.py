@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -303,10 +304,15 @@ class Trainer:
         t0, tok0 = time.time(), self.tokens_seen
         window = StepSums(cfg.ttt_steps)
         eval_every = cfg.eval_every or self.steps_per_epoch
-        while self.step < self.total_steps:
+        stop_at = min(self.total_steps, self.step + cfg.stop_after) if cfg.stop_after else self.total_steps
+        while self.step < stop_at:
             plan = plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, self.epoch)
             usable = len(plan) - len(plan) % self.micro_per_step
-            while self.batch_in_epoch + self.micro_per_step <= usable and self.step < self.total_steps:
+            if usable == 0:
+                raise Eagle3InputError(f"{len(plan)} batches per epoch cannot feed grad_accum x world size = "
+                                       f"{self.micro_per_step} micro-batches per step: lower train.token_budget "
+                                       f"or train.grad_accum, or add data")
+            while self.batch_in_epoch + self.micro_per_step <= usable and self.step < stop_at:
                 micro = plan[self.batch_in_epoch:self.batch_in_epoch + self.micro_per_step]
                 sums, tokens = self.train_step(micro)
                 self.batch_in_epoch += self.micro_per_step
@@ -326,11 +332,17 @@ class Trainer:
                     self._validate()
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save("periodic")
-            if self.step < self.total_steps:  # epoch finished
+            if self.batch_in_epoch + self.micro_per_step > usable:  # epoch finished
                 self.epoch += 1
                 self.batch_in_epoch = 0
-                self.save("end of epoch")
+                if self.step < self.total_steps:
+                    self.save("end of epoch")
         bar.close()
+        if self.step < self.total_steps:  # stopped early on request: checkpoint and leave
+            self.save("stop_after")
+            destroy(self.info)
+            return {"out": str(self.out), "step": self.step, "stopped": True, "tokens_per_s": 0.0,
+                    "train": self.last_train, "validation": self.last_val, "best": self.best}
         self._validate()
         self.save("end of training")
         train_rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
@@ -378,10 +390,11 @@ _FLAGS = {  # flag -> TrainConfig field, for the most used settings; everything 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML run config; its `train` section is used")
-    types = {f: type(v) for f, v in TrainConfig().to_dict().items() if v is not None}
+    hints = typing.get_type_hints(TrainConfig)
     for flag, field in _FLAGS.items():
-        t = types.get(field, str)
-        p.add_argument(flag, dest=field, type=t if t in (int, float) else str, default=None)
+        hint = str(hints[field])
+        t = int if "int" in hint else float if "float" in hint else str
+        p.add_argument(flag, dest=field, type=t, default=None)
     p.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint in --out")
     p.add_argument("--allow-missing", action="store_true", default=None,
                    help="finetune even when the source lacks trainable tensors (they start random)")

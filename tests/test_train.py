@@ -1,0 +1,116 @@
+"""Training on real extracted hidden states of a tiny random Llama verifier: learning, resume, DDP, metadata."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3_train.data.prepare import prepare
+from eagle3_train.hidden_states.extract import extract
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.trainer import train
+from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.vocab.build import build_vocab
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory, tiny_llama_dir):
+    """prepare -> vocab -> extract on 24 ShareGPT conversations with the tiny verifier."""
+    root = tmp_path_factory.mktemp("stages")
+    # A large init scale gives the random verifier peaked next-token distributions, so there is something to learn.
+    verifier = tiny_llama_dir(initializer_range=0.5)
+    prepare("sharegpt", verifier, root / "prepared", max_length=192, limit=24, val_count=3, seed=0)
+    build_vocab(root / "prepared", root / "vocab", size=1024)
+    extract(root / "prepared", verifier, root / "hidden", dtype="float32", token_budget=2048)
+    return root, verifier
+
+
+def config(root: Path, out: Path, **kw) -> TrainConfig:
+    base = dict(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"), vocab=str(root / "vocab"),
+                out=str(out), ttt_steps=3, token_budget=512, lr=3e-3, warmup_ratio=0.1, log_every=1,
+                tensorboard=False, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def test_training_learns_and_records_metadata(stages, tmp_path):
+    root, _ = stages
+    result = train(config(root, tmp_path / "run", epochs=4))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    tr = [r for r in rows if r["split"] == "train"]
+    assert tr[-1]["loss_0"] < 0.8 * tr[0]["loss_0"], (tr[0]["loss_0"], tr[-1]["loss_0"])
+    assert tr[-1]["acc_0"] > tr[0]["acc_0"], (tr[0]["acc_0"], tr[-1]["acc_0"])
+    val = result["validation"]
+    assert 1.0 <= val["accept_len_k1"] <= val["accept_len_k2"] <= val["accept_len_k3"] <= 4.0
+    assert (tmp_path / "run" / "metrics.png").stat().st_size > 10_000
+    meta = json.loads((tmp_path / "run" / "training_metadata.json").read_text())
+    assert meta["init"] == {"method": "random", "seed": 0, "lm_head_init": "verifier"}
+    assert meta["run"]["status"] == "finished"
+    assert meta["data"]["prepared_manifest_sha256"] and meta["vocab"]["sha256"]
+    assert meta["verifier"]["config_sha256"]
+    assert meta["settings"]["ttt_steps"] == 3 and meta["environment"]["versions"]["torch"]
+    assert (tmp_path / "run" / "checkpoints" / "best" / "model.safetensors").is_file()
+
+
+def test_resume_continues_exactly(stages, tmp_path):
+    root, _ = stages
+    straight = tmp_path / "straight"
+    train(config(root, straight, max_steps=6, noise=0.05))
+    interrupted = tmp_path / "interrupted"
+    first = train(config(root, interrupted, max_steps=6, noise=0.05, stop_after=3))
+    assert first["stopped"] and first["step"] == 3
+    with pytest.raises(Eagle3InputError, match="--resume"):
+        train(config(root, interrupted, max_steps=6, noise=0.05))
+    train(config(root, interrupted, max_steps=6, noise=0.05, resume=True))
+    a, b = weights(straight), weights(interrupted)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    lines = [json.loads(x) for x in (interrupted / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if r["split"] == "train"]
+    assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicated or missing log lines
+
+
+def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
+    root, _ = stages
+    single = tmp_path / "single"
+    train(config(root, single, max_steps=3, grad_accum=2))
+    ddp = tmp_path / "ddp"
+    args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
+            str(root / "vocab"), "--out", str(ddp), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
+            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "29533", "-m", "eagle3_train.cli", "train", *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads((ddp / "training_metadata.json").read_text())
+    assert meta["run"]["world_size"] == 2
+    a, b = weights(single), weights(ddp)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
+    root, verifier = stages
+    prepare("sharegpt", verifier, tmp_path / "other", max_length=128, limit=5, seed=1)
+    with pytest.raises(Eagle3InputError, match="extracted from other data"):
+        train(config(root, tmp_path / "run", prepared=str(tmp_path / "other"), max_steps=1))
+
+
+def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
+    root, _ = stages
+    other = tiny_llama_dir(initializer_range=0.5, num_hidden_layers=6)
+    with pytest.raises(Eagle3InputError, match="not the one the hidden states"):
+        train(config(root, tmp_path / "run", verifier=str(other), max_steps=1))
