@@ -27,13 +27,14 @@ PROMPTS = [
 
 
 def make_draft(verifier_dir: Path, draft_vocab: int = 256, aux=(1, 2, 3), seed: int = 0,
-               must_include: tuple[int, ...] = ()) -> Eagle3Draft:
-    """A random draft over a random draft vocabulary (sorted, holding `must_include` first)."""
+               must_include: tuple[int, ...] = (), std: float = 0.02) -> Eagle3Draft:
+    """A random draft (weights ~ N(0, std)) over a random, sorted draft vocabulary holding `must_include`."""
     cfg = DraftConfig.from_verifier(json.loads((verifier_dir / "config.json").read_text()), draft_vocab,
                                     aux_layer_ids=aux)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
+    draft.reset_parameters(std)
     V = cfg.vocab_size
     rest = [int(i) for i in torch.randperm(V, generator=g) if int(i) not in must_include]
     ids = torch.tensor(sorted(list(must_include) + rest[: draft_vocab - len(must_include)]))
@@ -207,7 +208,8 @@ def test_draft_proposals_match_a_from_scratch_draft_run(tiny, tmp_path):
     features from HF output_hidden_states (input of layer i), tokens shifted by one, then its own chain. This checks
     the aux taps, the alignment and the cache crops of the decoding loop."""
     k, max_new = 3, 20
-    ckpt = save_draft(tmp_path / "ckpt", make_draft(tiny, seed=3))
+    # Large weights make the proposals depend on every input (token, position, features), not on fc(aux) alone.
+    ckpt = save_draft(tmp_path / "ckpt", make_draft(tiny, seed=3, std=0.5))
     result = evaluate_offline(ckpt, tiny, PROMPTS[:1], k=k, max_new_tokens=max_new, record_rounds=True,
                               check_greedy=False)
     tokenizer = AutoTokenizer.from_pretrained(tiny)
@@ -235,6 +237,8 @@ def test_draft_proposals_match_a_from_scratch_draft_run(tiny, tmp_path):
                 assert proposal == r["proposal"], f"round starting at new token {r['start']}"
                 n_rounds += 1
     assert n_rounds >= 10
+    proposals = [tuple(r["proposal"]) for t in rec["turns"] for r in t["rounds"]]
+    assert len(set(proposals)) > n_rounds // 2  # the draft reacts to its inputs
 
 
 def test_exported_drafts_decode_like_the_checkpoint(tiny_llama_dir, tmp_path):
@@ -272,6 +276,36 @@ def test_bad_settings_and_missing_draft(tiny, tmp_path):
         evaluate_offline(tmp_path, tiny, PROMPTS, k=0)
     with pytest.raises(Eagle3InputError, match="draft not found"):
         evaluate_offline(tmp_path / "nope", tiny, PROMPTS)
+
+
+def test_greedy_comparison_reports_position_and_logit_gap(tiny):
+    from eagle3_train.evaluate.offline import TappedVerifier, compare_with_greedy, greedy_decode
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny).eval()
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": "Hello"}])
+    tapped = TappedVerifier(model, (1, 2, 3))
+    ref = greedy_decode(tapped, ids, 6, {tokenizer.eos_token_id})
+    assert compare_with_greedy(tapped, ids, list(ref.tokens), ref, 1e-3) is None
+    other = 5 if ref.tokens[3] != 5 else 6
+    spec = ref.tokens[:3] + [other] + ref.tokens[4:]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + ref.tokens[:3]])).logits[0, -1]
+    diff = compare_with_greedy(tapped, ids, spec, ref, 1e-3)
+    assert diff["position"] == 3 and diff["greedy_token"] == ref.tokens[3] and diff["spec_token"] == other
+    assert diff["full_forward_logit_gap"] == pytest.approx(float(logits[ref.tokens[3]] - logits[other]), abs=1e-4)
+    assert diff["full_forward_logit_gap"] > 0 and diff["near_tie"] is False
+    assert compare_with_greedy(tapped, ids, spec, ref, tie_tol=1e9)["near_tie"] is True
+    shorter = compare_with_greedy(tapped, ids, ref.tokens[:4], ref, 1e-3)
+    assert shorter["position"] == 4 and shorter["near_tie"] is False
+
+
+def test_served_mode_is_wired_to_the_served_evaluator():
+    from eagle3_train.cli import build_parser
+
+    argv = ["evaluate", "served", "--endpoint", "http://127.0.0.1:9/v1", "--prompts", "mt-bench", "--limit", "2"]
+    args = build_parser(argv).parse_args(argv)
+    assert args.eval_mode == "served" and args.endpoint.endswith("/v1") and args.limit == 2
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@
 - served: the counters of a real vLLM server with the draft; see `evaluate/served.py`.
 
 CLI: `eagle3-train evaluate offline --draft DIR [--verifier NAME] [--benchmark mt-bench|humaneval|FILE]
-[--num-prompts N] [--turns 1|2] [-k 3] [--max-new-tokens 128] [--prepared DIR] [--no-check-greedy] [--out DIR]`;
+[--num-prompts N] [--turns 1|2] [-k 3] [--max-new-tokens 128] [--prepared DIR] [--no-check-greedy] [--threads N]
+[--out DIR]`;
 `eagle3-train evaluate served ...` (options of `evaluate.served.add_served_arguments`).
 """
 
@@ -44,6 +45,8 @@ def add_offline_arguments(p: argparse.ArgumentParser) -> None:
                    help="logit gap under which a difference from greedy decoding counts as a near-tie")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--dtype", default="float32", choices=_DTYPES, help="verifier and draft dtype (default float32)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 is often fastest "
+                                               "for small verifiers on a shared CPU)")
     p.add_argument("--out", help="output dir: results.json and acceptance_by_position.png")
 
 
@@ -86,6 +89,8 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3_train.evaluate.prompts import load_prompts
     from eagle3_train.evaluate.report import format_table, write_report
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     verifier = args.verifier or recorded_verifier(args.draft)
     if not verifier:
         raise Eagle3InputError(f"no verifier recorded with the draft {args.draft}: pass --verifier")

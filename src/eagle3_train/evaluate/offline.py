@@ -332,13 +332,14 @@ def stop_token_ids(tokenizer, model) -> set[int]:
             stop.add(value)
         elif value:
             stop.update(int(v) for v in value)
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                           {"role": "assistant", "content": _SENTINEL}], tokenize=False)
-    suffix = probe[probe.rfind(_SENTINEL) + len(_SENTINEL):]
-    marker = _end_marker(tokenizer, suffix)
-    ids = tokenizer(marker, add_special_tokens=False)["input_ids"] if marker else []
-    if len(ids) == 1:
-        stop.add(ids[0])
+    if tokenizer.chat_template:
+        probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": _SENTINEL}], tokenize=False)
+        suffix = probe[probe.rfind(_SENTINEL) + len(_SENTINEL):]
+        marker = _end_marker(tokenizer, suffix)
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"] if marker else []
+        if len(ids) == 1:
+            stop.add(ids[0])
     return stop
 
 
