@@ -1,0 +1,93 @@
+"""Acceptance of exported drafts, measured the way users will see it: a real vLLM server (and the offline evaluator).
+
+`served_acceptance` starts vLLM with the verifier and a draft, sends held-out prompts at temperature 0 and reads the
+Prometheus counters; with `baseline=True` it also serves the verifier alone and checks that greedy outputs are
+identical. `pipeline_evaluate` is the evaluate stage of `eagle3-train run`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
+from eagle3_train.evaluate.served import evaluate_served
+from eagle3_train.evaluate.vllm_server import VLLMServer, speculative_config, vllm_available
+from eagle3_train.utils.io import write_json
+
+log = logging.getLogger(__name__)
+
+
+def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = 3,
+                      fmt: str = "eagle", max_tokens: int = 128, concurrency: int = 8, baseline: bool = False,
+                      log_dir: str | Path | None = None, enforce_eager: bool = True) -> dict[str, Any]:
+    """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check)."""
+    log_dir = Path(log_dir) if log_dir else None
+    if fmt == "speculators":  # the speculators config names the verifier: `vllm serve DRAFT` alone
+        server = VLLMServer(draft_dir, enforce_eager=enforce_eager,
+                            log_path=log_dir / "vllm-speculators.log" if log_dir else None)
+    else:
+        server = VLLMServer(verifier_dir, speculative=speculative_config(draft_dir, k), enforce_eager=enforce_eager,
+                            log_path=log_dir / f"vllm-{fmt}.log" if log_dir else None)
+    with server:
+        result = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=max_tokens,
+                                 concurrency=concurrency)
+        result["startup_s"] = server.startup_s
+    result.update({"format": fmt, "draft": str(draft_dir), "k": k})
+    if baseline:
+        with VLLMServer(verifier_dir, enforce_eager=enforce_eager,
+                        log_path=log_dir / "vllm-baseline.log" if log_dir else None) as base:
+            plain = evaluate_served(base.base_url, base.model_name, prompts, max_tokens=max_tokens,
+                                    concurrency=concurrency)
+        result["baseline"] = {k_: plain[k_] for k_ in ("tokens_per_s", "generated_tokens", "wall_s") if k_ in plain}
+        pairs = list(zip(result["completions"], plain["completions"]))
+        differing = [a["id"] for a, b in pairs if a["outputs"] != b["outputs"]]
+        result["greedy_identical"] = {"identical": len(pairs) - len(differing), "compared": len(pairs),
+                                      "differing_ids": differing}
+        if result.get("tokens_per_s") and plain.get("tokens_per_s"):
+            result["speedup"] = round(result["tokens_per_s"] / plain["tokens_per_s"], 4)
+    return result
+
+
+def acceptance_summary(result: dict[str, Any]) -> dict[str, Any]:
+    acc = result.get("acceptance") or {}
+    return {"mean_acceptance_length": acc.get("mean_acceptance_length"),
+            "per_position_acceptance": acc.get("per_position_acceptance"),
+            "drafts": acc.get("num_drafts"), "tokens_per_s": result.get("tokens_per_s"),
+            "greedy_identical": result.get("greedy_identical"), "speedup": result.get("speedup")}
+
+
+def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path, *, vllm: bool | str = "auto",
+                      offline: bool = False, benchmark: str = "mtbench", num_prompts: int = 80, turns: int = 1,
+                      max_tokens: int = 128, k: int = 3, concurrency: int = 8, baseline: bool = False,
+                      offline_prompts: int = 10) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
+    results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
+    if vllm:
+        ok, message = vllm_available()
+        if ok:
+            for fmt, draft in exports.items():
+                r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
+                                      concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir)
+                write_json(out_dir / f"vllm-{fmt}.json", r)
+                results[f"vllm_{fmt}"] = acceptance_summary(r)
+        elif vllm == "auto":
+            log.warning("vLLM evaluation skipped: %s", message)
+            results["vllm_skipped"] = message
+        else:
+            from eagle3_train.utils.io import Eagle3InputError
+
+            raise Eagle3InputError(message)
+    if offline:
+        from eagle3_train.evaluate.offline import evaluate_offline
+
+        draft = exports.get("eagle") or next(iter(exports.values()))
+        r = evaluate_offline(draft, verifier_dir, prompts[:offline_prompts], k=k, max_new_tokens=max_tokens)
+        write_json(out_dir / "offline.json", r)
+        results["offline"] = {"mean_acceptance_length": r.get("mean_acceptance_length"),
+                              "per_position_acceptance": r.get("per_position_acceptance"),
+                              "num_prompts": len(prompts[:offline_prompts])}
+    write_json(out_dir / "results.json", results)
+    return results
