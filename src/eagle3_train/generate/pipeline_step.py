@@ -1,0 +1,52 @@
+"""The generate stage of `eagle3-train run`: serve the verifier with vLLM, regenerate the assistant turns, stop.
+
+`max_turns` keeps the first N user turns of each conversation (regeneration time grows with every turn).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.utils.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int) -> Path:
+    """Write the source's conversations, cut after `max_turns` user turns, as messages JSONL."""
+    from eagle3_train.assets.conversations import load_conversations
+
+    conversations, _ = load_conversations(source, limit=limit)
+    with atomic_path(out_file) as tmp, open(tmp, "w") as f:
+        for conv in conversations:
+            kept, users = [], 0
+            for m in conv.messages:
+                if m["role"] == "user":
+                    users += 1
+                    if users > max_turns:
+                        break
+                kept.append(m)
+            f.write(json.dumps({"id": conv.id, "messages": kept}) + "\n")
+    return out_file
+
+
+def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any]
+                                ) -> dict[str, Any]:
+    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+    from eagle3_train.generate.regenerate import regenerate
+
+    ok, message = vllm_available()
+    if not ok:
+        return {"skipped": True, "reason": message}
+    s = dict(settings)
+    limit, max_turns = s.pop("limit", None), s.pop("max_turns", None)
+    if max_turns:
+        source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with VLLMServer(verifier_dir, enforce_eager=True, log_path=out_dir / "vllm.log",
+                    max_model_len=int(s.pop("max_model_len", 2048))) as server:
+        manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
+    return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}
