@@ -1,6 +1,7 @@
 """Throughput and peak memory of hidden-state extraction vs the verifier's bare forward and a naive HF loop.
 
-Builds ~100 prepared ShareGPT samples with the real prepare stage (SmolLM2 chat template), then runs, each in its own
+Builds ~100 prepared ShareGPT samples (150 conversations read, those without assistant tokens
+after truncation dropped) with the real prepare stage (SmolLM2 chat template), then runs, each in its own
 subprocess so that peak RSS (ru_maxrss) is per variant:
   extract  - `eagle3_train.hidden_states.extract.extract` (hooks on model.model, bf16 shards written to disk)
   bare     - model.model forward over the same batches: no hooks, no storage (the floor)
@@ -8,7 +9,7 @@ subprocess so that peak RSS (ru_maxrss) is per variant:
 All three use the same length-sorted batches under the same token budget. Besides wall-clock tokens/s, tokens per
 CPU-second of the process (all threads) is reported: on a shared machine it is the steadier number.
 
-Usage: .venv/bin/python benchmarks/extract_throughput.py [--samples 100] [--max-length 128] [--token-budget 8192]
+Usage: .venv/bin/python benchmarks/extract_throughput.py [--samples 150] [--max-length 128] [--token-budget 8192]
        [--device cpu] [--variants extract,bare,naive]
 Writes benchmarks/out/extract_throughput.json and prints a table.
 """
@@ -150,7 +151,8 @@ def build_prepared(work: Path, samples: int, max_length: int, verifier: str) -> 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=100, help="ShareGPT conversations to prepare")
+    p.add_argument("--samples", type=int, default=150,
+                   help="ShareGPT conversations to read (about 100 keep assistant tokens at --max-length 128)")
     p.add_argument("--max-length", type=int, default=128, help="prepare's max tokens per sample (truncate)")
     p.add_argument("--token-budget", type=int, default=8192)
     p.add_argument("--device", default="cpu")
