@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "httpx2", "openai"):  # one INFO line per request drowns the progress bars
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if not args.stage:
         parser.print_help()
         return 2
