@@ -1,0 +1,50 @@
+"""`eagle3-train run`: the whole pipeline from a YAML config on a tiny verifier, and a rerun that skips every stage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from eagle3_train.cli import main as cli_main
+from eagle3_train.pipeline import Pipeline
+from eagle3_train.utils.io import Eagle3InputError
+
+
+def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
+    verifier = tiny_llama_dir(initializer_range=0.5)
+    config = {
+        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
+        "prepare": {"data": "sharegpt", "limit": 12, "max_length": 128, "val_fraction": 0.2},
+        "vocab": {"size": 512}, "extract": {"dtype": "float32"},
+        "train": {"ttt_steps": 2, "max_steps": 3, "token_budget": 512, "tensorboard": False},
+        "export": {"formats": ["eagle", "speculators"]},
+    }
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump(config))
+    assert cli_main(["run", "--config", str(cfg_file), "--set", "train.lr=0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "eagle3-train run summary" in out and "training tokens/s" in out
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["exports"]) == {"eagle", "speculators"}
+    assert json.loads((run / "export-eagle" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert "speculators_config" in json.loads((run / "export-speculators" / "config.json").read_text())
+    meta = json.loads((run / "train" / "training_metadata.json").read_text())
+    assert meta["settings"]["lr"] == 0.001  # the --set override reached the stage
+    state = json.loads((run / "pipeline_state.json").read_text())["stages"]
+    assert {"prepare", "vocab", "extract", "train", "export-eagle", "export-speculators"} <= set(state)
+    mtimes = {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")}
+    Pipeline(yaml.safe_load(cfg_file.read_text()) | {"train": {**config["train"], "lr": 0.001}}).run()
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == mtimes  # nothing redone
+
+
+def test_unknown_sections_and_keys_are_named(tmp_path):
+    with pytest.raises(Eagle3InputError, match="unknown top-level config section"):
+        Pipeline({"trian": {}})
+    with pytest.raises(Eagle3InputError, match="lrr"):
+        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.utils.config import to_dataclass
+
+        to_dataclass(TrainConfig, {"lrr": 1}, "config section `train`")
