@@ -41,6 +41,14 @@ def test_append_log_and_torn_line_recovery(tmp_path):
         recover_jsonl(path)
     assert recover_jsonl(tmp_path / "absent.jsonl") == ([], 0)
 
+    # A torn line longer than the backwards-scan block, and a file holding only a torn line.
+    torn = b'{"id": "big", "messages": "' + b"x" * 200_000
+    path.write_bytes(good + torn)
+    assert recover_jsonl(path, ids_only=True) == ([{"id": "c0"}, {"id": "c1"}, {"id": "c2"}], len(torn))
+    assert path.read_bytes() == good
+    path.write_bytes(torn[:20])
+    assert recover_jsonl(path) == ([], 20) and path.read_bytes() == b""
+
 
 def test_request_seed_is_stable_per_conversation_and_turn():
     assert request_seed(None, "a", 0) is None

@@ -77,37 +77,54 @@ class _Stats:
 
 
 # --- crash-safe append-only JSONL -----------------------------------------------------------------------------
-def recover_jsonl(path: Path, what: str = "output") -> tuple[list[dict], int]:
+def _cut_torn_tail(path: Path) -> int:
+    """Truncate the file after its last newline (a record is complete only with its newline); bytes removed."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        keep, pos = 0, size
+        while pos > 0:  # scan backwards: outputs can be gigabytes
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            i = f.read(pos - start).rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("%s: removed a torn last line (%d bytes) left by an interrupted run", path, size - keep)
+    return size - keep
+
+
+def recover_jsonl(path: Path, what: str = "output", ids_only: bool = False) -> tuple[list[dict], int]:
     """Read an append-only JSONL file, cutting away a torn last line (no trailing newline) in place.
 
-    Returns (records, bytes removed). A broken line in the middle was not written by us: error.
+    Returns (records, bytes removed); with `ids_only` each record is reduced to its `id` (and `reason`).
+    A broken line in the middle was not written by us: error.
     """
     if not path.exists():
         return [], 0
-    data = path.read_bytes()
-    cut = 0
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        cut = len(data) - keep
-        with open(path, "rb+") as f:
-            f.truncate(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        data = data[:keep]
-        log.warning("%s: removed a torn last line (%d bytes) left by an interrupted run", path, cut)
+    cut = _cut_torn_tail(path)
     records = []
-    for n, line in enumerate(data.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise Eagle3InputError(f"{what} file {path}, line {n} is not valid JSON ({e.msg}); the file was "
-                                   f"modified outside `generate`: fix or remove that line, or use --overwrite"
-                                   ) from None
-        if not isinstance(rec, dict) or "id" not in rec:
-            raise Eagle3InputError(f"{what} file {path}, line {n}: expected an object with field 'id'")
-        records.append(rec)
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise Eagle3InputError(f"{what} file {path}, line {n} is not valid JSON ({e.msg}); the file was "
+                                       f"modified outside `generate`: fix or remove that line, or use --overwrite"
+                                       ) from None
+            if not isinstance(rec, dict) or "id" not in rec:
+                raise Eagle3InputError(f"{what} file {path}, line {n}: expected an object with field 'id'")
+            records.append({k: rec[k] for k in ("id", "reason") if k in rec} if ids_only else rec)
     return records, cut
 
 
@@ -267,8 +284,8 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
             for p in (out_path, skip_path, manifest_path):
                 p.unlink(missing_ok=True)
         _check_resume(manifest_path, model, sampling, source_sha)
-        done_records, cut = recover_jsonl(out_path)
-        skipped_records, cut2 = recover_jsonl(skip_path, "skipped")
+        done_records, cut = recover_jsonl(out_path, ids_only=True)
+        skipped_records, cut2 = recover_jsonl(skip_path, "skipped", ids_only=True)
         done_ids = {r["id"] for r in done_records}
         skip_ids = {r["id"] for r in skipped_records}
         previous = len(done_ids | skip_ids)
@@ -328,13 +345,14 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
 def _file_counts(out_path: Path, skip_path: Path) -> tuple[dict[str, int], dict[str, int]]:
     done, truncated = 0, 0
     if out_path.exists():
-        for line in out_path.read_bytes().splitlines():
-            if line.strip():
-                done += 1
-                truncated += b'"truncated"' in line
+        with open(out_path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    done += 1
+                    truncated += b'"truncated"' in line
     skipped: Counter[str] = Counter()
     if skip_path.exists():
-        for line in skip_path.read_bytes().splitlines():
+        for line in skip_path.read_bytes().splitlines():  # small: one short line per skipped conversation
             try:
                 skipped[json.loads(line)["reason"]] += 1
             except (json.JSONDecodeError, KeyError):
