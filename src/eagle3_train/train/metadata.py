@@ -32,11 +32,20 @@ def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any],
             "hidden_states_dtype": inputs.hidden_manifest.get("dtype"),
         },
         "verifier": inputs.verifier_identity,
-        "vocab": {"path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256,
-                  "draft_vocab_size": int(inputs.d2t.shape[0])},
+        "vocab": _vocab_record(inputs, draft_config, init),
         "draft_config": draft_config.to_dict(),
         "settings": cfg.to_dict(),
         "environment": environment(),
         "progress": progress,
         "metrics": metrics,
     }
+
+
+def _vocab_record(inputs, draft_config: DraftConfig, init: dict[str, Any]) -> dict[str, Any]:
+    """The mapping the draft really uses: the run's vocab file, or the finetune source's under `keep`."""
+    if init.get("method") == "finetune" and init.get("vocab_policy") == "keep":
+        return {"origin": "finetune source (vocab policy keep)", "source": init.get("resolved") or init.get("source"),
+                "draft_vocab_size": draft_config.draft_vocab_size,
+                "run_vocab_not_used": {"path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256}}
+    return {"origin": "run", "path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256,
+            "draft_vocab_size": draft_config.draft_vocab_size}
