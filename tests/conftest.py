@@ -80,3 +80,13 @@ def tiny_llama_dir(tmp_path_factory, smollm2_dir):
         return out
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_stages(tmp_path_factory, tiny_llama_dir):
+    """(root, verifier): real prepare/vocab/extract outputs for a tiny random Llama whose large init scale gives
+    peaked next-token distributions (something to learn). See tests/stage_helpers.py."""
+    from stage_helpers import build_stages
+
+    verifier = tiny_llama_dir(initializer_range=0.5)
+    return build_stages(tmp_path_factory.mktemp("tiny-stages"), verifier), verifier

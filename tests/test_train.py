@@ -11,33 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from stage_helpers import train_config
 
 from eagle3_train.data.prepare import prepare
-from eagle3_train.hidden_states.extract import extract
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
-from eagle3_train.vocab.build import build_vocab
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory, tiny_llama_dir):
-    """prepare -> vocab -> extract on 24 ShareGPT conversations with the tiny verifier."""
-    root = tmp_path_factory.mktemp("stages")
-    # A large init scale gives the random verifier peaked next-token distributions, so there is something to learn.
-    verifier = tiny_llama_dir(initializer_range=0.5)
-    prepare("sharegpt", verifier, root / "prepared", max_length=192, limit=24, val_count=3, seed=0)
-    build_vocab(root / "prepared", root / "vocab", size=1024)
-    extract(root / "prepared", verifier, root / "hidden", dtype="float32", token_budget=2048)
-    return root, verifier
+def stages(tiny_stages):
+    return tiny_stages
 
 
-def config(root: Path, out: Path, **kw) -> TrainConfig:
-    base = dict(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"), vocab=str(root / "vocab"),
-                out=str(out), ttt_steps=3, token_budget=512, lr=3e-3, warmup_ratio=0.1, log_every=1,
-                tensorboard=False, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
+config = train_config
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
