@@ -45,8 +45,14 @@ def broadcast_parameters(model: torch.nn.Module, info: DistInfo) -> None:
 
 
 def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """In-place sum across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
     if info.world_size > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if dist.get_backend() == "nccl" and t.device.type == "cpu":
+            on_gpu = t.to(f"cuda:{info.local_rank}")
+            dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+            t.copy_(on_gpu.cpu())
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
