@@ -243,8 +243,9 @@ class Trainer:
             sums.add(s)
             tokens += b.num_tokens
         all_reduce_gradients(self.params, self.info)
-        if cfg.grad_clip and cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        # Pre-clipping norm, logged: a norm far above the clip means the clip, not the lr, sets the step size.
+        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            self.params, cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0 else float("inf")))
         self.optimizer.step()
         self.scheduler.step()
         all_reduce_sum_(sums.values, self.info)
@@ -323,7 +324,8 @@ class Trainer:
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     summary = window.summary()
-                    self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate}
+                    self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate,
+                                       "grad_norm": self.grad_norm}
                     self.log_metrics("train", self.last_train)
                     bar.set_postfix(loss=f"{summary['loss']:.3f}", acc0=f"{summary['acc_0']:.3f}",
                                     tok_s=f"{rate:.0f}")
