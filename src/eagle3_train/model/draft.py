@@ -57,7 +57,6 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-        self.scale = self.head_dim ** -0.5
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, L, _ = x.shape
@@ -78,19 +77,16 @@ class DraftAttention(nn.Module):
             return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
         cache.k_diag.append(k)
         cache.v_diag.append(v)
-        B, H, L, d = q.shape
-        g = H // self.kv_heads
-        qg = q.view(B, self.kv_heads, g, L, d)
-        # Scores against the step-0 causal prefix, plus one score per later step at the query's own position.
-        main = torch.matmul(qg, cache.k0.unsqueeze(2).transpose(-1, -2)) * self.scale  # [B,kvh,g,L,L]
+        # Step j: keys are the step-0 sequence (causal) plus, per later step, the key at the query's own position.
+        # One fused SDPA call over the concatenated keys with a block mask [causal | I | ... | I]: the CPU flash
+        # kernel keeps no L x L probability matrix for the backward pass, unlike an explicit softmax.
+        L = q.shape[2]
+        keys = torch.cat([cache.k0, *cache.k_diag], dim=2)
+        values = torch.cat([cache.v0, *cache.v_diag], dim=2)
         causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-        main = main.masked_fill(~causal, float("-inf"))
-        diag = torch.stack([(qg * kd.unsqueeze(2)).sum(-1) for kd in cache.k_diag], dim=-1) * self.scale
-        probs = torch.softmax(torch.cat([main, diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs[..., :L], cache.v0.unsqueeze(2))
-        vd = torch.stack(cache.v_diag, dim=-2)  # [B,kvh,L,steps,d]
-        out = out + (probs[..., L:].unsqueeze(-1) * vd.unsqueeze(2)).sum(-2)
-        return self._out(out.reshape(B, H, L, d))
+        eye = torch.eye(L, dtype=torch.bool, device=q.device)
+        mask = torch.cat([causal] + [eye] * len(cache.k_diag), dim=1)
+        return self._out(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
 
     def cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
