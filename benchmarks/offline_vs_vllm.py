@@ -29,12 +29,14 @@ def main() -> None:
     args = p.parse_args()
     verifier = resolve_verifier(args.verifier)
     prompts = load_prompts(args.benchmark, limit=args.num_prompts, turns=1)
-    offline = evaluate_offline(args.draft, verifier, prompts, k=args.k, max_new_tokens=args.max_tokens)
+    offline_full = evaluate_offline(args.draft, verifier, prompts, k=args.k, max_new_tokens=args.max_tokens)
+    write_json(Path(args.out).with_suffix(".offline.json"), offline_full)
+    offline = offline_full["overall"]
     served = served_acceptance(verifier, Path(args.draft), prompts, k=args.k, max_tokens=args.max_tokens,
                                concurrency=1, log_dir=Path(args.out).parent)
     rows = {"offline": {"mean_acceptance_length": offline["mean_acceptance_length"],
                         "per_position_acceptance": offline["per_position_acceptance"],
-                        "num_drafts": offline.get("num_drafts"), "greedy_check": offline.get("greedy_check")},
+                        "num_drafts": offline.get("num_drafts"), "greedy_check": offline_full["greedy_check"]},
             "vllm": acceptance_summary(served)}
     write_json(args.out, {"draft": args.draft, "prompts": [q.id for q in prompts], "k": args.k,
                           "max_tokens": args.max_tokens, **rows})

@@ -86,8 +86,10 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
         draft = exports.get("eagle") or next(iter(exports.values()))
         r = evaluate_offline(draft, verifier_dir, prompts[:offline_prompts], k=k, max_new_tokens=max_tokens)
         write_json(out_dir / "offline.json", r)
-        results["offline"] = {"mean_acceptance_length": r.get("mean_acceptance_length"),
-                              "per_position_acceptance": r.get("per_position_acceptance"),
-                              "num_prompts": len(prompts[:offline_prompts])}
+        overall = r["overall"]
+        results["offline"] = {"mean_acceptance_length": overall["mean_acceptance_length"],
+                              "per_position_acceptance": overall["per_position_acceptance"],
+                              "num_prompts": len(prompts[:offline_prompts]),
+                              "greedy_identical": r["greedy_check"]["passed"]}
     write_json(out_dir / "results.json", results)
     return results
