@@ -20,6 +20,7 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
         "vocab": {"size": 512}, "extract": {"dtype": "float32"},
         "train": {"ttt_steps": 2, "max_steps": 3, "token_budget": 512, "tensorboard": False},
         "export": {"formats": ["eagle", "speculators"]},
+        "evaluate": {"vllm": False, "offline": True, "num_prompts": 1, "max_tokens": 8, "offline_prompts": 1},
     }
     cfg_file = tmp_path / "run.yaml"
     cfg_file.write_text(yaml.safe_dump(config))
@@ -29,12 +30,14 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["exports"]) == {"eagle", "speculators"}
+    offline = summary["evaluate"]["offline"]
+    assert offline["greedy_identical"] is True and 1.0 <= offline["mean_acceptance_length"] <= 4.0
     assert json.loads((run / "export-eagle" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
     assert "speculators_config" in json.loads((run / "export-speculators" / "config.json").read_text())
     meta = json.loads((run / "train" / "training_metadata.json").read_text())
     assert meta["settings"]["lr"] == 0.001  # the --set override reached the stage
     state = json.loads((run / "pipeline_state.json").read_text())["stages"]
-    assert {"prepare", "vocab", "extract", "train", "export-eagle", "export-speculators"} <= set(state)
+    assert {"prepare", "vocab", "extract", "train", "export-eagle", "export-speculators", "evaluate"} <= set(state)
     mtimes = {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")}
     Pipeline(yaml.safe_load(cfg_file.read_text()) | {"train": {**config["train"], "lr": 0.001}}).run()
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == mtimes  # nothing redone
