@@ -29,6 +29,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 0.5
     noise: float = 0.0  # uniform +-noise on the aux features
+    checkpoint_loss: bool = True  # recompute per-step logits in backward (less memory, one extra lm_head matmul)
     seed: int = 0
     device: str = "auto"
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 master weights); auto = bf16 on CUDA, fp32 on CPU

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
@@ -50,8 +51,17 @@ class StepSums:
         return out
 
 
+def _head_loss(model: Eagle3Draft, rows: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed soft cross-entropy over valid rows, and the draft's argmax (draft-vocab index) of every row."""
+    logits = model.logits(rows).float()
+    ce = -(probs.float() * torch.log_softmax(logits, dim=-1)).sum(-1)
+    return (ce * valid).sum(), logits.argmax(-1)
+
+
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
-                denominators: torch.Tensor, noise: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [5, steps]).
 
     loss = sum_j w_j * sum_{valid t} CE_j(t) / denominators[j], so that summing over micro-batches and ranks gives the
@@ -76,14 +86,17 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         sup = batch.loss_mask[:, 2 + j:2 + j + n]
         b_idx, t_idx = sup.nonzero(as_tuple=True)
         rows = targets.row_of[b_idx, t_idx + 1 + j]
-        logits = model.logits(out[b_idx, t_idx]).float()
         valid = targets.in_vocab[rows]
-        logq = torch.log_softmax(logits, dim=-1)
-        ce = -(targets.probs[rows].float() * logq).sum(-1)
-        loss_sum = (ce * valid).sum()
+        if checkpoint_loss and torch.is_grad_enabled():
+            # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
+            # TTT step: the largest activations of a step, for one extra lm_head matmul.
+            loss_sum, draft_argmax = torch.utils.checkpoint.checkpoint(
+                _head_loss, model, out[b_idx, t_idx], targets.probs[rows], valid, use_reentrant=False)
+        else:
+            loss_sum, draft_argmax = _head_loss(model, out[b_idx, t_idx], targets.probs[rows], valid)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
-            correct = (logits.argmax(-1) == targets.argmax[rows]) & valid
+            correct = (draft_argmax == targets.argmax[rows]) & valid
             ok = chain_ok[b_idx, t_idx] & correct
             chain_ok[:, :n] &= False  # positions not supervised at this step break their chain
             chain_ok[b_idx, t_idx] = ok
