@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from eagle3_train.export.layouts import (
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.formats import load_draft_source
 from eagle3_train.train.checkpoint import METADATA, load_draft
-from eagle3_train.utils.io import Eagle3InputError, make_temp_dir, read_json, sha256_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
@@ -130,8 +129,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
         config = speculators_config_json(cfg, dtype, speculative_tokens, str(verifier_path))
     out = Path(out_dir)
-    tmp = make_temp_dir(out)
-    try:
+    with atomic_dir(out) as tmp:
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         err = check_roundtrip(model, tmp, torch_dtype)
@@ -139,12 +137,6 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
                   "speculative_tokens": speculative_tokens, "max_logit_error_after_reload": err,
                   "weights_sha256": sha256_file(tmp / "model.safetensors"), "includes_embed_tokens": include_embed}
         write_json(tmp / METADATA, {**metadata, "export": record})
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.utils.io import Eagle3InputError, make_temp_dir, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, write_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
@@ -45,19 +45,12 @@ def save_weights(model: Eagle3Draft, directory: Path) -> None:
 def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
                     metadata: dict[str, Any]) -> Path:
     """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint."""
-    tmp = make_temp_dir(directory)
-    try:
+    with atomic_dir(directory) as tmp:
         save_weights(model, tmp)
         model.config.save(tmp / CONFIG)
         if training_state is not None:
             torch.save(training_state, tmp / STATE)
         write_json(tmp / METADATA, metadata)
-        if directory.exists():
-            shutil.rmtree(directory)
-        tmp.rename(directory)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 
