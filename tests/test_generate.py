@@ -100,7 +100,9 @@ def _source(path: Path) -> list[dict]:
 
 
 class FlakyProxy:
-    """Forwards to a real server but answers 503 to every third chat request (to exercise retries)."""
+    """Forwards to a real server but answers 503 to the first chat request and every third after it (to exercise
+    retries). Failing the first one makes the test independent of how much the killed run had already done: the
+    least-busy pool sends the resumed run's first request to this endpoint."""
 
     def __init__(self, target_root: str) -> None:
         import aiohttp
@@ -113,7 +115,7 @@ class FlakyProxy:
             body = await request.read()
             if request.path.endswith("/chat/completions"):
                 self.count += 1
-                if self.count % 3 == 0:
+                if self.count % 3 == 1:
                     self.failed += 1
                     return web.json_response({"error": {"message": "overloaded", "code": 503}}, status=503)
             async with aiohttp.ClientSession() as s, s.request(request.method, self.target + request.path_qs,
