@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 OUT = Path(__file__).resolve().parent / "out" / "train-bench"
 
 
@@ -32,7 +34,7 @@ def build_data(limit: int) -> None:
     extract(OUT / "prepared", "smollm2-135m-instruct", OUT / "hidden", dtype="bfloat16", splits=("train",))
 
 
-def run_one(ttt_steps: int, steps: int, threads: int | None) -> dict:
+def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str]) -> dict:
     """Child process: train `steps` optimizer steps and report tokens/s (after the first step) and peak RSS."""
     import torch
 
@@ -45,6 +47,9 @@ def run_one(ttt_steps: int, steps: int, threads: int | None) -> dict:
     cfg = TrainConfig(prepared=str(OUT / "prepared"), hidden_states=str(OUT / "hidden"), vocab=str(OUT / "vocab"),
                       out=str(out), ttt_steps=ttt_steps, token_budget=2048, max_steps=steps, lr=1e-4,
                       tensorboard=False, log_every=1000)
+    for o in overrides:  # e.g. checkpoint_mlp=false, for A/B runs of one setting
+        key, value = o.split("=", 1)
+        setattr(cfg, key, yaml.safe_load(value))
     trainer = Trainer(cfg)
     plan = __import__("eagle3_train.train.batching", fromlist=["plan_batches"]).plan_batches(
         trainer.train_data.lengths, cfg.token_budget, cfg.seed, 0)
@@ -72,19 +77,24 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="timed optimizer steps per setting")
     p.add_argument("--ttt", default="3,7")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a TrainConfig field, e.g. --set checkpoint_mlp=false")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_one(args.child, args.steps, args.threads)))
+        print("RESULT " + json.dumps(run_one(args.child, args.steps, args.threads, args.set)))
         return
     build_data(args.limit)
     manifest = json.loads((OUT / "prepared" / "manifest.json").read_text())
     results = {"machine": {"cpu": cpu_model(), "nproc": os.cpu_count(), "platform": platform.platform()},
-               "data": manifest.get("counts"), "draft_vocab": 8192, "token_budget": 2048, "runs": []}
+               "data": manifest.get("counts"), "draft_vocab": 8192, "token_budget": 2048,
+               "overrides": args.set, "runs": []}
     for k in [int(x) for x in args.ttt.split(",")]:
         cmd = [sys.executable, __file__, "--child", str(k), "--steps", str(args.steps)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
+        for o in args.set:
+            cmd += ["--set", o]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

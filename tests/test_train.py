@@ -68,6 +68,17 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicated or missing log lines
 
 
+def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
+    """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
+    root, _ = stages
+    kept = train(config(root, tmp_path / "kept", max_steps=4, checkpoint_loss=False, checkpoint_mlp=False))
+    recomputed = train(config(root, tmp_path / "recomputed", max_steps=4))
+    a, b = weights(tmp_path / "kept"), weights(tmp_path / "recomputed")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert kept["train"]["loss"] == pytest.approx(recomputed["train"]["loss"], rel=1e-5)
+
+
 def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
     root, _ = stages
     single = tmp_path / "single"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 from transformers.models.llama.modeling_llama import (
     LlamaConfig,
@@ -120,13 +121,20 @@ class DraftDecoderLayer(nn.Module):
         residual = hn if self.norm_before_residual else h
         return torch.cat([self.input_layernorm(embeds), hn], dim=-1), residual  # embedding FIRST
 
-    def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        h = residual + attn_out
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def _mlp_block(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(h))
 
-    def ttt(self, h, embeds, cos, sin, cache: LayerTTTCache) -> torch.Tensor:
+    def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor, recompute_mlp: bool = False) -> torch.Tensor:
+        h = residual + attn_out
+        if recompute_mlp and torch.is_grad_enabled():
+            # The MLP keeps four [L, intermediate] activations per TTT step for backward, the bulk of the step's
+            # memory; keeping only its [L, H] input and recomputing costs two of its three matmuls again.
+            return h + torch.utils.checkpoint.checkpoint(self._mlp_block, h, use_reentrant=False)
+        return h + self._mlp_block(h)
+
+    def ttt(self, h, embeds, cos, sin, cache: LayerTTTCache, recompute_mlp: bool = False) -> torch.Tensor:
         x, residual = self._attn_input(h, embeds)
-        return self._finish(self.self_attn.ttt(x, cos, sin, cache), residual)
+        return self._finish(self.self_attn.ttt(x, cos, sin, cache), residual, recompute_mlp)
 
     def cached(self, h, embeds, cos, sin, kv):
         x, residual = self._attn_input(h, embeds)
@@ -194,7 +202,7 @@ class Eagle3Draft(nn.Module):
         return self.lm_head(self.norm(h))
 
     def ttt_step(self, h: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 caches: list[LayerTTTCache]) -> torch.Tensor:
+                 caches: list[LayerTTTCache], recompute_mlp: bool = False) -> torch.Tensor:
         """One training-time-test step for a [B, L] batch; returns the layer output (pre-norm).
 
         `h` is fuse(aux) at step 0 and `next_hidden` of the previous step later. The caller applies `logits` only to the
@@ -203,7 +211,7 @@ class Eagle3Draft(nn.Module):
         embeds = self.embed_tokens(input_ids).to(h.dtype)
         cos, sin = self.rotary(h, position_ids)
         for layer, cache in zip(self.layers, caches):
-            h = layer.ttt(h, embeds, cos, sin, cache)
+            h = layer.ttt(h, embeds, cos, sin, cache, recompute_mlp)
         return h
 
     def new_ttt_caches(self) -> list[LayerTTTCache]:

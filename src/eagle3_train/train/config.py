@@ -30,6 +30,7 @@ class TrainConfig:
     grad_clip: float = 0.5
     noise: float = 0.0  # uniform +-noise on the aux features
     checkpoint_loss: bool = True  # recompute per-step logits in backward (less memory, one extra lm_head matmul)
+    checkpoint_mlp: bool = True  # recompute each step's MLP in backward (less memory, two extra MLP matmuls)
     seed: int = 0
     device: str = "auto"
     precision: str = "auto"  # fp32 | bf16 (autocast, fp32 master weights); auto = bf16 on CUDA, fp32 on CPU

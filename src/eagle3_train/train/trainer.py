@@ -221,7 +221,8 @@ class Trainer:
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
                                        self.model.draft_token_ids(), self.model.t2d)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
-                               noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss)
+                               noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
+                               checkpoint_mlp=cfg.checkpoint_mlp)
 
     def train_step(self, micro: list[list[int]]) -> tuple[StepSums, int]:
         """One optimizer step over this rank's share of `micro` (all ranks see the same list)."""

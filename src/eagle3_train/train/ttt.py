@@ -51,17 +51,21 @@ class StepSums:
         return out
 
 
-def _head_loss(model: Eagle3Draft, rows: torch.Tensor, probs: torch.Tensor, valid: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed soft cross-entropy over valid rows, and the draft's argmax (draft-vocab index) of every row."""
-    logits = model.logits(rows).float()
-    ce = -(probs.float() * torch.log_softmax(logits, dim=-1)).sum(-1)
+def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
+               valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed soft cross-entropy over valid rows, and the draft's argmax (draft-vocab index) of every row.
+
+    The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
+    a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
+    """
+    logits = model.logits(hidden).float()
+    ce = -(all_probs[rows].float() * torch.log_softmax(logits, dim=-1)).sum(-1)
     return (ce * valid).sum(), logits.argmax(-1)
 
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
-                denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True,
+                checkpoint_mlp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [5, steps]).
 
     loss = sum_j w_j * sum_{valid t} CE_j(t) / denominators[j], so that summing over micro-batches and ranks gives the
@@ -82,7 +86,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         if n <= 0:
             break
         ids_j = F.pad(batch.input_ids[:, 1 + j:], (0, 1 + j))
-        out = model.ttt_step(h, ids_j, positions + j, caches)
+        out = model.ttt_step(h, ids_j, positions + j, caches, recompute_mlp=checkpoint_mlp)
         sup = batch.loss_mask[:, 2 + j:2 + j + n]
         b_idx, t_idx = sup.nonzero(as_tuple=True)
         rows = targets.row_of[b_idx, t_idx + 1 + j]
@@ -91,9 +95,9 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
             loss_sum, draft_argmax = torch.utils.checkpoint.checkpoint(
-                _head_loss, model, out[b_idx, t_idx], targets.probs[rows], valid, use_reentrant=False)
+                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, use_reentrant=False)
         else:
-            loss_sum, draft_argmax = _head_loss(model, out[b_idx, t_idx], targets.probs[rows], valid)
+            loss_sum, draft_argmax = _head_loss(model, out[b_idx, t_idx], targets.probs, rows, valid)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
             correct = (draft_argmax == targets.argmax[rows]) & valid
