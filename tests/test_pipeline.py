@@ -42,6 +42,14 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
     Pipeline(yaml.safe_load(cfg_file.read_text()) | {"train": {**config["train"], "lr": 0.001}}).run()
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == mtimes  # nothing redone
 
+    # Another learning rate: a new training run from the start, the old one set aside (not resumed, not deleted).
+    Pipeline(config | {"train": {**config["train"], "lr": 0.002}, "evaluate": {"vllm": False, "offline": False}}).run()
+    meta = json.loads((run / "train" / "training_metadata.json").read_text())
+    assert meta["settings"]["lr"] == 0.002
+    (aside,) = run.glob("train.previous-*")
+    old = json.loads((aside / "training_metadata.json").read_text())
+    assert old["settings"]["lr"] == 0.001 and old["run"]["started"] != meta["run"]["started"]
+
 
 def test_unknown_sections_and_keys_are_named(tmp_path):
     with pytest.raises(Eagle3InputError, match="unknown top-level config section"):

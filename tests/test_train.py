@@ -58,6 +58,8 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert first["stopped"] and first["step"] == 3
     with pytest.raises(Eagle3InputError, match="--resume"):
         train(config(root, interrupted, max_steps=6, noise=0.05))
+    with pytest.raises(Eagle3InputError, match=r"other settings.*lr 0.003 -> 0.001"):  # never mix two runs
+        train(config(root, interrupted, max_steps=6, noise=0.05, resume=True, lr=1e-3))
     train(config(root, interrupted, max_steps=6, noise=0.05, resume=True))
     a, b = weights(straight), weights(interrupted)
     assert a.keys() == b.keys()

@@ -114,7 +114,7 @@ class Pipeline:
                     "out": str(train_out), "verifier": str(verifier), **cfg["train"]}
         t_settings = {**t_values, "inputs": [p_settings, e_settings, v_settings]}
         self.summary["train"] = self.stage("train", t_settings, train_out / "final",
-                                           lambda: self._train(t_values, train_out))
+                                           lambda: self._train(t_values, train_out, t_settings))
 
         exports: dict[str, str] = {}
         ex = dict(cfg["export"])
@@ -148,12 +148,22 @@ class Pipeline:
         self.summary["generate"] = result
         return str(out / "conversations.jsonl")
 
-    def _train(self, values: dict[str, Any], out: Path) -> dict[str, Any]:
+    def _train(self, values: dict[str, Any], out: Path, settings: dict[str, Any]) -> dict[str, Any]:
         from eagle3_train.train.config import TrainConfig
         from eagle3_train.train.trainer import train
         from eagle3_train.utils.config import to_dataclass
 
         cfg = to_dataclass(TrainConfig, values, "config section `train`")
+        # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
+        # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
+        started = self.state.setdefault("started", {})
+        if out.exists() and started.get("train") != sha256_json(settings):
+            aside = out.with_name(f"{out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+            out.rename(aside)
+            log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
+                        out, aside)
+        started["train"] = sha256_json(settings)
+        write_json(self.state_path, self.state)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
         r = train(cfg)
         return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],

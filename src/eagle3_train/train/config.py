@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# What may differ between an interrupted run and its resume: where things live (data identity is checked by hash),
+# how often it logs/saves, and the device. Anything else (lr, epochs, steps, architecture, seed, ...) shapes the
+# result: continuing under other values would silently mix two runs.
+RESUME_MAY_CHANGE = frozenset({
+    "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
+    "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard"})
+
 
 @dataclass
 class TrainConfig:
@@ -59,6 +66,12 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def resume_conflicts(self, previous: dict[str, Any]) -> list[str]:
+        """Settings of a checkpoint's run (`previous`) that differ from ours in a way that changes the result."""
+        now = self.to_dict()
+        return [f"{k} {previous[k]!r} -> {now[k]!r}" for k in now
+                if k not in RESUME_MAY_CHANGE and k in previous and previous[k] != now[k]]
 
     def step_weights(self) -> list[float]:
         return [self.step_decay ** j for j in range(self.ttt_steps)]

@@ -181,6 +181,20 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out)
         if latest is None:
             return False
+        prev = json.loads((latest / ckpt.METADATA).read_text())
+        conflicts = self.cfg.resume_conflicts(prev.get("settings", {}))
+        ours = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),
+                                  self.inputs.prepared_manifest_sha256),
+                "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),
+                                  self.inputs.hidden_manifest_sha256)}
+        if prev.get("vocab", {}).get("origin") == "run":
+            ours["vocab"] = (prev["vocab"].get("sha256"), self.inputs.vocab_sha256)
+        conflicts += [f"{name} changed (SHA-256 {a[:12]} -> {b[:12]})" for name, (a, b) in ours.items()
+                      if a and b and a != b]
+        if conflicts:
+            raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
+                                   f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
+                                   f"--out.")
         state = torch.load(latest / ckpt.STATE, map_location="cpu", weights_only=False)
         src = ckpt.load_draft(latest, embed=self.inputs.embed)
         if src.config.to_dict() != self.model.config.to_dict():
@@ -191,7 +205,6 @@ class Trainer:
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
-        prev = json.loads((latest / ckpt.METADATA).read_text())
         self.init_record = prev.get("init", self.init_record)
         self._truncate_metrics(self.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
