@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -41,6 +42,13 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
     mtimes = {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")}
     Pipeline(yaml.safe_load(cfg_file.read_text()) | {"train": {**config["train"], "lr": 0.001}}).run()
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*.safetensors")} == mtimes  # nothing redone
+
+    # Same settings, but train's output is redone (here: its final weights removed): export must follow it.
+    shutil.rmtree(run / "train" / "final")
+    Pipeline(config | {"train": {**config["train"], "lr": 0.001}}).run()
+    assert (run / "train" / "final").is_dir()
+    export_weights = run / "export-eagle" / "model.safetensors"
+    assert export_weights.stat().st_mtime_ns != mtimes[export_weights]
 
     # Another learning rate: a new training run from the start, the old one set aside (not resumed, not deleted).
     Pipeline(config | {"train": {**config["train"], "lr": 0.002}, "evaluate": {"vllm": False, "offline": False}}).run()

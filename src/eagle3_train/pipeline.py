@@ -1,7 +1,8 @@
 """`eagle3-train run --config FILE`: the whole pipeline on one YAML config, resumable stage by stage.
 
-prepare -> [generate -> prepare] -> vocab -> extract -> train -> export -> evaluate. A stage whose output records the
-same settings is skipped on a rerun; train resumes from its last checkpoint. Ends with a summary table.
+[generate ->] prepare -> vocab -> extract -> train -> export -> evaluate. On a rerun a stage is skipped when it ran
+with the same settings and after every stage it reads; train resumes a run started with the same settings and sets
+any other aside. Ends with a summary table.
 """
 
 from __future__ import annotations
@@ -52,17 +53,21 @@ class Pipeline:
         self.state = read_json(self.state_path) if self.state_path.is_file() else {"stages": {}}
         self.summary: dict[str, Any] = {}
 
-    def _done(self, stage: str, settings: dict[str, Any], output: Path) -> bool:
+    def _done(self, stage: str, settings: dict[str, Any], output: Path, after: tuple[str, ...]) -> bool:
         rec = self.state["stages"].get(stage)
-        return bool(rec and rec["settings_sha256"] == sha256_json(settings) and output.exists())
+        if not (rec and rec["settings_sha256"] == sha256_json(settings) and output.exists()):
+            return False
+        # Same settings but an upstream stage ran again since: the output was made from other inputs.
+        return all(self.state["stages"].get(up, {}).get("finished", "") <= rec["finished"] for up in after)
 
     def _record(self, stage: str, settings: dict[str, Any], seconds: float, result: Any = None) -> None:
         self.state["stages"][stage] = {"settings_sha256": sha256_json(settings), "finished": now_iso(),
                                        "seconds": round(seconds, 1), "result": result}
         write_json(self.state_path, self.state)
 
-    def stage(self, name: str, settings: dict[str, Any], output: Path, fn) -> Any:
-        if self._done(name, settings, output):
+    def stage(self, name: str, settings: dict[str, Any], output: Path, fn, after: tuple[str, ...] = ()) -> Any:
+        """Run `fn` unless it already ran with these settings and after every stage it reads (`after`)."""
+        if self._done(name, settings, output, after):
             log.info("[%s] already done with these settings -> %s (skipped)", name, output)
             return self.state["stages"][name].get("result")
         log.info("[%s] starting -> %s", name, output)
@@ -91,7 +96,8 @@ class Pipeline:
         from eagle3_train.data.prepare import prepare
 
         manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
-                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep)))
+                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep)),
+                              after=("generate",))
         self.summary["data"] = manifest
 
         vocab_dir = rd / "vocab"
@@ -99,7 +105,8 @@ class Pipeline:
         from eagle3_train.vocab.build import build_vocab
 
         self.summary["vocab"] = self.stage("vocab", v_settings, vocab_dir / "vocab.safetensors",
-                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir, **cfg["vocab"])))
+                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir, **cfg["vocab"])),
+                                           after=("prepare",))
 
         hidden = rd / "hidden_states"
         e_settings = {**cfg["extract"], "prepared": p_settings, "verifier": str(verifier)}
@@ -107,14 +114,15 @@ class Pipeline:
 
         self.summary["extract"] = self.stage(
             "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"])))
+            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"])), after=("prepare",))
 
         train_out = rd / "train"
         t_values = {"prepared": str(prepared), "hidden_states": str(hidden), "vocab": str(vocab_dir),
                     "out": str(train_out), "verifier": str(verifier), **cfg["train"]}
         t_settings = {**t_values, "inputs": [p_settings, e_settings, v_settings]}
         self.summary["train"] = self.stage("train", t_settings, train_out / "final",
-                                           lambda: self._train(t_values, train_out, t_settings))
+                                           lambda: self._train(t_values, train_out, t_settings),
+                                           after=("prepare", "vocab", "extract"))
 
         exports: dict[str, str] = {}
         ex = dict(cfg["export"])
@@ -125,7 +133,7 @@ class Pipeline:
             out = rd / f"export-{fmt}"
             res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
                              lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier_dir),
-                                                             **ex))
+                                                             **ex), after=("train",))
             exports[fmt] = res["out"]
             self.summary.setdefault("serve", {})[fmt] = res["serve"]
         self.summary["exports"] = exports
@@ -180,7 +188,8 @@ class Pipeline:
         self.summary["evaluate"] = self.stage(
             "evaluate", settings, self.run_dir / "evaluate" / "results.json",
             lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
-                                      offline=run_offline, **ev))
+                                      offline=run_offline, **ev),
+            after=tuple(f"export-{fmt}" for fmt in exports))
 
 
 def _counts(manifest: dict[str, Any]) -> dict[str, Any]:
