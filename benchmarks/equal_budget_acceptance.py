@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import yaml
 from train_throughput import OUT, build_data
 
 from eagle3_train.evaluate.pipeline_eval import acceptance_summary, served_acceptance
@@ -24,6 +23,7 @@ from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
+from eagle3_train.utils.config import apply_overrides, to_dataclass
 from eagle3_train.utils.io import read_json, write_json
 
 RESULTS = OUT.parent / "equal_budget_acceptance.json"
@@ -33,19 +33,16 @@ BASE = dict(ttt_steps=3, epochs=3, token_budget=2048, lr=5e-4, warmup_ratio=0.05
 
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, rest = text.partition(":")
-    overrides = {}
-    for item in filter(None, rest.split(",")):
-        key, value = item.split("=", 1)
-        overrides[key] = yaml.safe_load(value)
-    return name, overrides
+    return name, apply_overrides({}, [item for item in rest.split(",") if item])
 
 
 def run_variant(name: str, overrides: dict, args) -> dict:
     run = OUT / "acceptance" / name
     settings = {**BASE, **overrides}
     t0 = time.perf_counter()
-    result = train(TrainConfig(prepared=str(OUT / "prepared"), hidden_states=str(OUT / "hidden"),
-                               vocab=str(OUT / "vocab"), out=str(run / "train"), **settings))
+    result = train(to_dataclass(TrainConfig, dict(prepared=str(OUT / "prepared"), hidden_states=str(OUT / "hidden"),
+                                                  vocab=str(OUT / "vocab"), out=str(run / "train"), **settings),
+                                f"variant {name}"))
     train_s = time.perf_counter() - t0
     export(run / "train", run / "export-eagle", fmt="eagle")
     verifier = Path(read_json(OUT / "hidden" / "manifest.json")["verifier"]["path"])

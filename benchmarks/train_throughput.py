@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 OUT = Path(__file__).resolve().parent / "out" / "train-bench"
 
 
@@ -40,16 +38,16 @@ def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str
 
     from eagle3_train.train.config import TrainConfig
     from eagle3_train.train.trainer import Trainer
+    from eagle3_train.utils.config import apply_overrides, to_dataclass
 
     if threads:
         torch.set_num_threads(threads)
     out = OUT / f"run-ttt{ttt_steps}-{int(time.time())}"
-    cfg = TrainConfig(prepared=str(OUT / "prepared"), hidden_states=str(OUT / "hidden"), vocab=str(OUT / "vocab"),
-                      out=str(out), ttt_steps=ttt_steps, token_budget=2048, max_steps=steps, lr=1e-4,
-                      tensorboard=False, log_every=1000)
-    for o in overrides:  # e.g. checkpoint_mlp=false, for A/B runs of one setting
-        key, value = o.split("=", 1)
-        setattr(cfg, key, yaml.safe_load(value))
+    values = dict(prepared=str(OUT / "prepared"), hidden_states=str(OUT / "hidden"), vocab=str(OUT / "vocab"),
+                  out=str(out), ttt_steps=ttt_steps, token_budget=2048, max_steps=steps, lr=1e-4,
+                  tensorboard=False, log_every=1000)
+    # e.g. checkpoint_mlp=false, for A/B runs of one setting; unknown keys are named, not silently ignored
+    cfg = to_dataclass(TrainConfig, apply_overrides(values, overrides), "--set")
     trainer = Trainer(cfg)
     plan = __import__("eagle3_train.train.batching", fromlist=["plan_batches"]).plan_batches(
         trainer.train_data.lengths, cfg.token_budget, cfg.seed, 0)

@@ -164,13 +164,13 @@ class Pipeline:
         cfg = to_dataclass(TrainConfig, values, "config section `train`")
         # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
         # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
-        started = self.state.setdefault("started", {})
-        if out.exists() and started.get("train") != sha256_json(settings):
+        started, sha = self.state.setdefault("started", {}), sha256_json(settings)
+        if out.exists() and started.get("train") != sha:
             aside = out.with_name(f"{out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
             out.rename(aside)
             log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
                         out, aside)
-        started["train"] = sha256_json(settings)
+        started["train"] = sha
         write_json(self.state_path, self.state)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
         r = train(cfg)

@@ -183,14 +183,14 @@ class Trainer:
             return False
         prev = json.loads((latest / ckpt.METADATA).read_text())
         conflicts = self.cfg.resume_conflicts(prev.get("settings", {}))
-        ours = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),
-                                  self.inputs.prepared_manifest_sha256),
-                "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),
-                                  self.inputs.hidden_manifest_sha256)}
+        hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
+                                    self.inputs.prepared_manifest_sha256),
+                  "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),
+                                    self.inputs.hidden_manifest_sha256)}
         if prev.get("vocab", {}).get("origin") == "run":
-            ours["vocab"] = (prev["vocab"].get("sha256"), self.inputs.vocab_sha256)
-        conflicts += [f"{name} changed (SHA-256 {a[:12]} -> {b[:12]})" for name, (a, b) in ours.items()
-                      if a and b and a != b]
+            hashes["vocab"] = (prev["vocab"].get("sha256"), self.inputs.vocab_sha256)
+        conflicts += [f"{name} changed (SHA-256 {then[:12]} -> {now[:12]})" for name, (then, now) in hashes.items()
+                      if then and now and then != now]
         if conflicts:
             raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
                                    f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
