@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.utils.config import apply_overrides, load_yaml
-from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, read_json, sha256_json, write_json
 from eagle3_train.utils.provenance import environment, now_iso
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Pipeline:
     # --- stages -------------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg, rd = self.cfg, self.run_dir
+        claim_output_dir(rd, "run_dir", has_file("pipeline_state.json", "pipeline_config.json"))
         rd.mkdir(parents=True, exist_ok=True)
         write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
         verifier = cfg["verifier"]

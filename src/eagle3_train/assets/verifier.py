@@ -16,7 +16,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, sha256_file, sha256_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, replace_dir, sha256_file, sha256_json, write_json
 from eagle3_train.utils.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     cfg_path.write_text(json.dumps(cfg, indent=2))
     write_json(tmp / "eagle3_train_source.json", {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
                                                     "dtype": dtype})
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)  # the directory appears only when complete
+    replace_dir(tmp, out_dir)  # the directory appears only when complete
     return out_dir
 
 

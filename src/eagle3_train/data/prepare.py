@@ -31,7 +31,16 @@ from eagle3_train.assets.conversations import load_conversations, normalize_turn
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
-from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_text, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    claim_output_dir,
+    read_json,
+    replace_dir,
+    sha256_file,
+    sha256_text,
+    stage_manifest,
+    write_json,
+)
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 
@@ -79,20 +88,6 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
         raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished temporary directory to `out`, replacing an earlier prepared directory."""
-    if out.exists():
-        if not out.is_dir() or (any(out.iterdir()) and not (out / "manifest.json").is_file()):
-            raise Eagle3InputError(f"output directory {out} exists and is not a prepared dataset; "
-                                   f"refusing to overwrite it")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
-
-
 def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
             overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
             chat_template: str | None = None, val_count: int | None = None,
@@ -102,7 +97,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
-    out_dir = Path(out_dir)
+    out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
     conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
     verifier_dir = resolve_verifier(verifier)
@@ -217,7 +212,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"), num_shards=shards)
         manifest["elapsed_s"] = round(time.time() - t0, 3)
         write_json(tmp / "manifest.json", manifest)
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %d train + %d validation conversations (%d skipped, %d truncated) in %.1fs -> %s",

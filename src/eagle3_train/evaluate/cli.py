@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.utils.io import Eagle3InputError, read_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, read_json
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     from eagle3_train.evaluate.prompts import load_prompts
     from eagle3_train.evaluate.report import format_table, write_report
 
+    if args.out:  # refuse a foreign directory before the (long) evaluation, not after
+        claim_output_dir(args.out, "evaluation output directory", has_file("results.json"))
     if args.threads:
         torch.set_num_threads(args.threads)
     verifier = args.verifier or recorded_verifier(args.draft)

@@ -25,7 +25,7 @@ from typing import Any
 from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.generate.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
-from eagle3_train.utils.io import Eagle3InputError, write_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,9 @@ def _served_model(base_url: str) -> str:
 
 def run_served(args: argparse.Namespace) -> dict[str, Any]:
     quiet_http_logs()
+    if args.out:  # refuse a foreign directory before any server starts
+        claim_output_dir(args.out, "evaluation output directory",
+                         has_file("results.json", "served_completions.jsonl", "vllm-draft.log", "vllm-baseline.log"))
     prompts = load_prompts(args.prompts, limit=args.limit, turns=args.turns)
     with ExitStack() as stack:
         endpoint, baseline = args.endpoint, args.baseline_endpoint

@@ -23,7 +23,7 @@ from eagle3_train.export.layouts import (
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.formats import load_draft_source
 from eagle3_train.train.checkpoint import METADATA, load_draft
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, sha256_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_dir, claim_output_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
     if dtype not in DTYPES:
         raise Eagle3InputError(f"--dtype must be one of {list(DTYPES)}, got '{dtype}'")
     ckpt_dir = resolve_checkpoint(checkpoint)
+    out = claim_output_dir(out_dir, "export directory", is_export_dir)  # before any work
     model = load_draft(ckpt_dir)
     cfg = model.config
     metadata = read_json(ckpt_dir / METADATA, "training metadata") if (ckpt_dir / METADATA).is_file() else {}
@@ -128,8 +129,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         if not verifier_path:
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
         config = speculators_config_json(cfg, dtype, speculative_tokens, str(verifier_path))
-    out = Path(out_dir)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, is_export_dir, "export directory") as tmp:
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         err = check_roundtrip(model, tmp, torch_dtype)
@@ -139,6 +139,14 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
+
+
+def is_export_dir(path: Path) -> bool:
+    """An earlier export (ours to replace): its training metadata carries an `export` record."""
+    try:
+        return "export" in json.loads((path / METADATA).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def serve_command(out: Path, fmt: str, verifier: str | None, k: int) -> str:

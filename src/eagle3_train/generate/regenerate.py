@@ -44,7 +44,7 @@ from eagle3_train.generate.client import (
     RequestRejected,
     quiet_http_logs,
 )
-from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, read_json, stage_manifest, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 
@@ -268,6 +268,7 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
                       api_key: str, overwrite: bool, extra_manifest: dict) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
+    claim_output_dir(out_dir, "generate output directory", stage_manifest("generate"))
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path, skip_path, manifest_path = out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE
     pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)

@@ -39,7 +39,7 @@ from eagle3_train.train.metadata import build_metadata
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.config import apply_overrides, load_yaml, to_dataclass
-from eagle3_train.utils.io import Eagle3InputError, write_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
 
@@ -300,6 +300,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.info.is_main:
+            claim_output_dir(self.out, "training output directory",
+                             has_file("training_metadata.json", "checkpoints", "metrics.jsonl"))
             self.out.mkdir(parents=True, exist_ok=True)
         barrier(self.info)
         if cfg.resume:

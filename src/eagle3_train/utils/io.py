@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class Eagle3InputError(ValueError):
@@ -47,16 +51,82 @@ def make_temp_dir(target: Path) -> Path:
     return tmp
 
 
+def stage_manifest(stage: str) -> Callable[[Path], bool]:
+    """Ownership test for `claim_output_dir`: the directory holds a manifest.json written by `stage`."""
+    def ours(path: Path) -> bool:
+        try:
+            return json.loads((path / "manifest.json").read_text()).get("stage") == stage
+        except (OSError, ValueError, AttributeError):
+            return False
+    return ours
+
+
+def has_file(*names: str) -> Callable[[Path], bool]:
+    """Ownership test for `claim_output_dir`: the directory holds one of these files (our own markers)."""
+    return lambda path: any((path / n).exists() for n in names)
+
+
+def claim_output_dir(path: str | os.PathLike, what: str, ours: Callable[[Path], bool]) -> Path:
+    """Refuse an output directory that is neither absent, empty, nor an earlier output of the same stage.
+
+    No command may overwrite or delete files it did not write: `--out ~/models` must not replace a folder of
+    unrelated files.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise Eagle3InputError(f"{what} {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not ours(path):
+        raise Eagle3InputError(f"{what} {path} is not empty and is not an earlier output of this command; "
+                               f"refusing to write into it (its files could be overwritten): choose a new or "
+                               f"empty directory")
+    return path
+
+
+def _backups(target: Path) -> list[Path]:
+    return sorted(target.parent.glob(f".{glob.escape(target.name)}.replaced-*"))
+
+
+def recover_replaced_dir(target: Path) -> None:
+    """Finish a swap that a kill interrupted: restore the backup if `target` is gone, else drop old backups."""
+    backups = _backups(target)
+    if backups and not target.exists():
+        log.warning("restoring %s from %s (a replacement was interrupted)", target, backups[-1].name)
+        backups.pop().rename(target)
+    for b in backups:
+        shutil.rmtree(b, ignore_errors=True)
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Move the finished directory `new` to `target`, swapping an existing target out through a backup name.
+
+    A kill at any point leaves the old directory or the new one at `target`, or the old one under its backup name
+    (restored by `recover_replaced_dir`); never neither.
+    """
+    recover_replaced_dir(target)
+    if not target.exists():
+        new.rename(target)
+        return
+    backup = target.with_name(f".{target.name}.replaced-{os.getpid()}")
+    target.rename(backup)
+    new.rename(target)
+    shutil.rmtree(backup, ignore_errors=True)
+
+
 @contextmanager
-def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory; it replaces `target` only if the block succeeds (a kill leaves no half dir)."""
+def atomic_dir(target: str | os.PathLike, ours: Callable[[Path], bool] | None = None,
+               what: str = "output directory") -> Iterator[Path]:
+    """Yield a temporary directory; it replaces `target` only if the block succeeds (a kill leaves no half dir).
+
+    With `ours`, a non-empty `target` that fails that ownership test is refused before any work is done.
+    """
     target = Path(target)
+    recover_replaced_dir(target)
+    if ours is not None:
+        claim_output_dir(target, what, ours)
     tmp = make_temp_dir(target)
     try:
         yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        replace_dir(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

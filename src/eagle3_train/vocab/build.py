@@ -25,7 +25,14 @@ import numpy as np
 
 from eagle3_train.data.prepare import load_prepared, verifier_vocab_size
 from eagle3_train.data.split import TRAIN, VALIDATION
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, sha256_file, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    atomic_path,
+    claim_output_dir,
+    sha256_file,
+    stage_manifest,
+    write_json,
+)
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 
@@ -83,7 +90,8 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = 32000
     from safetensors.torch import save_file
 
     t0 = time.time()
-    prepared_dir, out_dir = Path(prepared_dir), Path(out_dir)
+    prepared_dir = Path(prepared_dir)
+    out_dir = claim_output_dir(out_dir, "vocab output directory", stage_manifest("vocab"))
     if size < 1:
         raise Eagle3InputError(f"draft vocabulary size must be >= 1, got {size}")
     dd, prep = load_prepared(prepared_dir)
