@@ -217,7 +217,7 @@ def test_rerun_replaces_output_and_refuses_foreign_dirs(tmp_path, verifier):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("keep me")
-    with pytest.raises(Eagle3InputError, match="refusing to overwrite"):
+    with pytest.raises(Eagle3InputError, match="refusing to write into it"):
         prepare(src, verifier, foreign, val_fraction=0.0)
     assert (foreign / "precious.txt").read_text() == "keep me"
 

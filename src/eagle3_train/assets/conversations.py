@@ -235,7 +235,11 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
         if canonical is None:
             raise Eagle3InputError(f"{twhere}: unknown role {role!r} in field '{role_key}'; expected one of "
                                    f"{sorted(ROLE_ALIASES)}")
-        messages.append({"role": canonical, "content": _content(turn[content_key], twhere, content_key)})
+        message = {"role": canonical, "content": _content(turn[content_key], twhere, content_key)}
+        reasoning = turn.get("reasoning_content", turn.get("reasoning"))  # kept by `generate` for thinking models
+        if canonical == "assistant" and reasoning:
+            message["reasoning_content"] = _content(reasoning, twhere, "reasoning_content")
+        messages.append(message)
     cid = record.get("id")
     if cid is None or cid == "":
         # No id in the file: a content hash is stable across runs and limits.

@@ -61,6 +61,15 @@ class ChatMasker:
         except Exception as e:  # noqa: BLE001 - jinja raises TemplateError, templates raise their own messages
             raise ChatTemplateError(f"the chat template failed: {e}") from None
 
+    def renders_reasoning(self) -> bool:
+        """Whether the template renders an assistant message's `reasoning_content` (thinking-model templates)."""
+        probe = [{"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "a", "reasoning_content": _SENTINEL}]
+        try:
+            return _SENTINEL in self.render(probe)
+        except ChatTemplateError:
+            return False
+
     def end_marker(self, suffix: str) -> str:
         """The end-of-turn part of a turn suffix: up to and including its first special token."""
         if suffix not in self._marker_cache:

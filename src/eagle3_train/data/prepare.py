@@ -30,6 +30,7 @@ import numpy as np
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
+from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -91,12 +92,14 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
 def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
             overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
             chat_template: str | None = None, val_count: int | None = None,
-            leading_assistant: str = "trim") -> dict[str, Any]:
+            leading_assistant: str = "trim", reasoning: str = "auto") -> dict[str, Any]:
     """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
+    if reasoning not in REASONING_MODES:
+        raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
     conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
@@ -106,6 +109,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         masker = ChatMasker(tokenizer, template)
     except ValueError as e:
         raise Eagle3InputError(f"verifier {verifier_dir}: {e}") from None
+    renders_reasoning = masker.renders_reasoning()
+    reasoning_mode = resolve_mode(reasoning, renders_reasoning)
+    reasoning_turns = 0
 
     skipped: Counter[str] = Counter()
     examples: dict[str, list[str]] = {}
@@ -156,7 +162,13 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
                 continue
             lead = next((m["role"] for m in conv.messages if m["role"] != "system"), None)
             trimmed_leading += lead == "assistant"
-            batch.append((conv.id, messages))
+            with_reasoning = sum(1 for m in messages if m.get(REASONING_KEY))
+            if with_reasoning and reasoning_mode == "template" and not renders_reasoning:
+                raise Eagle3InputError(f"{info.path}: conversation {conv.id} carries reasoning_content but the chat "
+                                       f"template ignores it (it would be dropped silently); use --reasoning "
+                                       f"inline, drop or auto")
+            reasoning_turns += with_reasoning
+            batch.append((conv.id, place_reasoning(messages, reasoning_mode)))
             if len(batch) >= _BATCH:
                 flush(batch)
                 batch = []
@@ -177,6 +189,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "skipped_total": sum(skipped.values()),
         "truncated": truncated,
         "trimmed_leading_assistant": trimmed_leading,
+        "assistant_turns_with_reasoning": reasoning_turns,
         "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
         "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
         "max_length_seen": max(s["length"] for s in samples),
@@ -197,7 +210,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
             "chat_template_source": template_source,
         },
         "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
-                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant},
+                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
+                     "reasoning": reasoning, "reasoning_placed": reasoning_mode,
+                     "template_renders_reasoning": renders_reasoning},
         "counts": counts,
         "skip_examples": examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
@@ -300,6 +315,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", help="a .jinja file to use instead of the tokenizer's chat template")
     p.add_argument("--leading-assistant", choices=("trim", "skip"), default="trim",
                    help="conversations starting with an assistant turn: drop those turns, or skip the conversation")
+    p.add_argument("--reasoning", choices=REASONING_MODES, default="auto",
+                   help="a thinking model's reasoning_content: through the chat template, inline in <think> tags, "
+                        "dropped, or auto (template when it renders reasoning, else inline); supervised like the "
+                        "answer")
     p.add_argument("--preview", type=int, default=0, metavar="N",
                    help="print N samples with the supervised tokens highlighted")
 
@@ -308,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
     manifest = prepare(args.data, args.verifier, args.out, max_length=args.max_length, overflow=args.overflow,
                        val_fraction=args.val_fraction, seed=args.seed, limit=args.limit,
                        chat_template=args.chat_template, val_count=args.val_count,
-                       leading_assistant=args.leading_assistant)
+                       leading_assistant=args.leading_assistant, reasoning=args.reasoning)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"
