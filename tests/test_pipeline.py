@@ -67,3 +67,58 @@ def test_unknown_sections_and_keys_are_named(tmp_path):
         from eagle3_train.utils.config import to_dataclass
 
         to_dataclass(TrainConfig, {"lrr": 1}, "config section `train`")
+
+
+def _small_config(tmp_path, verifier, data) -> dict:
+    return {
+        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
+        "prepare": {"data": str(data), "max_length": 96, "val_fraction": 0.0},
+        "vocab": {"size": 256}, "extract": {"dtype": "float32"},
+        "train": {"ttt_steps": 1, "max_steps": 1, "token_budget": 256, "tensorboard": False},
+        "export": {"formats": ["eagle"]},
+    }
+
+
+def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_dir):
+    from eagle3_train.assets.conversations import load_conversations
+
+    verifier = tmp_path / "verifier"
+    shutil.copytree(tiny_llama_dir(), verifier)
+    convs, _ = load_conversations("sharegpt", limit=6)
+    data = tmp_path / "chats.jsonl"
+    rows = [json.dumps({"id": c.id, "messages": c.messages}) for c in convs]
+    data.write_text("\n".join(rows) + "\n")
+    config = _small_config(tmp_path, verifier, data)
+    state_file = tmp_path / "run" / "pipeline_state.json"
+
+    def finished() -> dict[str, str]:
+        return {k: v["finished"] for k, v in json.loads(state_file.read_text())["stages"].items()}
+
+    Pipeline(config).run()
+    first = finished()
+    kept = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())["counts"]["conversations_read"]
+    data.write_text("\n".join(rows[:4]) + "\n")  # the same path, edited in place
+    Pipeline(config).run()
+    second = finished()
+    assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "export-eagle"))
+    m = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())
+    assert m["counts"]["conversations_read"] == 4 < kept
+    # The verifier's weights rewritten in place (same path, same config): every stage that reads it reruns.
+    weights = verifier / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())
+    Pipeline(config).run()
+    third = finished()
+    assert all(third[s] > second[s] for s in ("prepare", "extract", "train"))
+
+
+def test_on_policy_generation_never_silently_becomes_off_policy(tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("EAGLE3_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    config = _small_config(tmp_path, tiny_llama_dir(), "sharegpt")
+    config["prepare"]["limit"] = 4
+    config["generate"] = {"enabled": True, "limit": 4}
+    with pytest.raises(Eagle3InputError, match="allow_fallback"):
+        Pipeline(config).run()
+    assert not (tmp_path / "run" / "prepared").exists()
+    config["generate"]["allow_fallback"] = True
+    summary = Pipeline(config).run()
+    assert summary["generate"]["skipped"] is True and summary["data"]["source"]["source"] == "sharegpt"

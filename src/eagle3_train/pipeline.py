@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.utils.config import apply_overrides, load_yaml
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, read_json, sha256_json, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    claim_output_dir,
+    has_file,
+    read_json,
+    sha256_file,
+    sha256_json,
+    write_json,
+)
 from eagle3_train.utils.provenance import environment, now_iso
 
 log = logging.getLogger(__name__)
@@ -87,13 +95,16 @@ class Pipeline:
         from eagle3_train.assets.verifier import resolve_verifier
 
         verifier_dir = resolve_verifier(verifier)
+        # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
+        self.verifier_key = {"name": str(verifier), **verifier_key(verifier_dir)}
         prep = dict(cfg["prepare"])
         data_source = prep.pop("data")
         gen = dict(cfg["generate"])
         if gen.pop("enabled", False):
             data_source = self._generate(data_source, verifier_dir, gen)
         prepared = rd / "prepared"
-        p_settings = {"data": str(data_source), "verifier": str(verifier), **prep}
+        p_settings = {"data": str(data_source), "data_sha256": data_sha256(data_source),
+                      "verifier": self.verifier_key, **prep}
         from eagle3_train.data.prepare import prepare
 
         manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
@@ -110,12 +121,13 @@ class Pipeline:
                                            after=("prepare",))
 
         hidden = rd / "hidden_states"
-        e_settings = {**cfg["extract"], "prepared": p_settings, "verifier": str(verifier)}
+        e_settings = {**cfg["extract"], "prepared": p_settings, "verifier": self.verifier_key}
         from eagle3_train.hidden_states.extract import extract
 
         self.summary["extract"] = self.stage(
             "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"])), after=("prepare",))
+            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"],
+                                             overwrite=self._restarts("extract", e_settings))), after=("prepare",))
 
         train_out = rd / "train"
         t_values = {"prepared": str(prepared), "hidden_states": str(hidden), "vocab": str(vocab_dir),
@@ -147,15 +159,33 @@ class Pipeline:
         from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
 
         out = self.run_dir / "generated"
-        settings = {"data": data_source, **gen}
+        fallback = bool(gen.pop("allow_fallback", False))
+        settings = {"data": data_source, "data_sha256": data_sha256(data_source), "verifier": self.verifier_key,
+                    **gen}
         result = self.stage("generate", settings, out / "conversations.jsonl",
                             lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen))
         if not result or result.get("skipped"):
-            log.warning("generation skipped (%s); training on the original answers", (result or {}).get("reason"))
+            reason = (result or {}).get("reason")
+            if not fallback:  # on-policy data was asked for: never train off-policy without saying so in the config
+                self.state["stages"].pop("generate", None)
+                write_json(self.state_path, self.state)
+                raise Eagle3InputError(f"generate.enabled is true but generation cannot run: {reason}. Set "
+                                       f"generate.allow_fallback: true to train on the original answers instead.")
+            log.warning("generation skipped (%s); training on the original answers (generate.allow_fallback)",
+                        reason)
             self.summary["generate"] = result
             return data_source
         self.summary["generate"] = result
         return str(out / "conversations.jsonl")
+
+    def _restarts(self, stage: str, settings: dict[str, Any]) -> bool:
+        """Record that `stage` starts with these settings; True unless its output was started with these very
+        settings and inputs (an interrupted run to resume)."""
+        started, sha = self.state.setdefault("started", {}), sha256_json(settings)
+        restart = started.get(stage) != sha
+        started[stage] = sha
+        write_json(self.state_path, self.state)
+        return restart
 
     def _train(self, values: dict[str, Any], out: Path, settings: dict[str, Any]) -> dict[str, Any]:
         from eagle3_train.train.config import TrainConfig
@@ -165,14 +195,11 @@ class Pipeline:
         cfg = to_dataclass(TrainConfig, values, "config section `train`")
         # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
         # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
-        started, sha = self.state.setdefault("started", {}), sha256_json(settings)
-        if out.exists() and started.get("train") != sha:
+        if self._restarts("train", settings) and out.exists():
             aside = out.with_name(f"{out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
             out.rename(aside)
             log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
                         out, aside)
-        started["train"] = sha
-        write_json(self.state_path, self.state)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
         r = train(cfg)
         return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
@@ -191,6 +218,22 @@ class Pipeline:
             lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
                                       offline=run_offline, **ev),
             after=tuple(f"export-{fmt}" for fmt in exports))
+
+
+def verifier_key(verifier_dir: Path) -> dict[str, Any]:
+    """What identifies the verifier for rerun decisions: config hash, weight sizes and modification times (cheap at
+    any size; a file rewritten in place changes its mtime)."""
+    from eagle3_train.assets.verifier import verifier_identity, weight_files
+
+    ident = verifier_identity(verifier_dir, hash_weights=False)
+    mtimes = {f.name: f.stat().st_mtime_ns for f in weight_files(verifier_dir)}
+    return {"config_sha256": ident["config_sha256"], "weights": ident["weights"], "mtimes": mtimes}
+
+
+def data_sha256(source: str | Path) -> str:
+    from eagle3_train.assets.conversations import resolve_source
+
+    return sha256_file(resolve_source(source))
 
 
 def _counts(manifest: dict[str, Any]) -> dict[str, Any]:
