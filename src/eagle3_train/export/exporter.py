@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from eagle3_train.export.engines import ENGINES, check_target, engine_support
 from eagle3_train.export.layouts import (
     eagle_config_json,
     expected_shapes,
@@ -91,9 +92,13 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtype: str = "bfloat16",
-           speculative_tokens: int = 3, verifier: str | None = None, include_embed: bool = False) -> dict[str, Any]:
+           speculative_tokens: int = 3, verifier: str | None = None, include_embed: bool = False,
+           target: str | None = None) -> dict[str, Any]:
+    """`target`: an engine (vllm, sglang) that must serve the draft as trained, else nothing is written."""
     if fmt not in FORMATS:
         raise Eagle3InputError(f"--format must be one of {FORMATS}, got '{fmt}'")
+    if target is not None and target not in ENGINES:
+        raise Eagle3InputError(f"--for must be one of {ENGINES}, got '{target}'")
     if dtype not in DTYPES:
         raise Eagle3InputError(f"--dtype must be one of {list(DTYPES)}, got '{dtype}'")
     ckpt_dir = resolve_checkpoint(checkpoint)
@@ -117,14 +122,14 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         out_tensors["embed_tokens.weight"] = embed.to(torch_dtype).contiguous()
         with torch.no_grad():
             model.embed_tokens.weight.copy_(embed)
+    engines = engine_support(cfg, fmt)
+    if target:
+        check_target(engines, target)
+    for engine, verdict in engines.items():
+        if not verdict["serves_as_trained"]:
+            log.warning("%s would serve this draft wrong: %s", engine, "; ".join(verdict["reasons"]))
     if fmt == "eagle":
         config = eagle_config_json(cfg, dtype)
-        if cfg.num_layers > 1:
-            log.warning("SGLang serves only one-layer EAGLE-3 drafts; this %d-layer draft loads in vLLM only",
-                        cfg.num_layers)
-        if cfg.norm_before_residual or cfg.norm_before_fc or cfg.fc_norm or cfg.norm_output:
-            log.warning("SGLang ignores norm_before_residual/norm_before_fc/fc_norm/norm_output; only vLLM serves "
-                        "this draft as trained")
     else:
         if not verifier_path:
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
@@ -135,7 +140,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         err = check_roundtrip(model, tmp, torch_dtype)
         record = {"format": fmt, "dtype": dtype, "source_checkpoint": str(ckpt_dir), "time": now_iso(),
                   "speculative_tokens": speculative_tokens, "max_logit_error_after_reload": err,
-                  "weights_sha256": sha256_file(tmp / "model.safetensors"), "includes_embed_tokens": include_embed}
+                  "weights_sha256": sha256_file(tmp / "model.safetensors"), "includes_embed_tokens": include_embed,
+                  "engines": engines}
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
@@ -164,10 +170,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", "--speculative-tokens", type=int, default=3)
     p.add_argument("--verifier", help="verifier name/path recorded in a speculators export (default: from metadata)")
     p.add_argument("--include-embed", action="store_true", help="also store the verifier's embedding")
+    p.add_argument("--for", dest="target", choices=ENGINES,
+                   help="refuse to export a draft this engine would serve differently from how it was trained")
 
 
 def main(args: argparse.Namespace) -> int:
     r = export(args.checkpoint, args.out, args.format, args.dtype, args.speculative_tokens, args.verifier,
-               args.include_embed)
+               args.include_embed, target=args.target)
     print(json.dumps(r, indent=2))
     return 0

