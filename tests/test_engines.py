@@ -47,3 +47,14 @@ def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
 def test_speculators_format_is_not_for_sglang(runs, tmp_path):
     with pytest.raises(Eagle3InputError, match="does not read the speculators format"):
         export(runs[0], tmp_path / "x", fmt="speculators", verifier="v", target="sglang")
+
+
+def test_speculators_export_records_the_verifier_as_the_user_named_it(tmp_path):
+    head, vocab = verifier_head(), vocab_from_ids(random_token_ids(VD, seed=1))
+    ref = reference_draft(head[0], vocab)
+    ref.config.verifier["name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the user passed to train
+    local = "/home/me/.cache/eagle3-train/verifiers/smollm2"  # where it resolved on the training machine
+    run = write_ours(ref, tmp_path / "run", {"verifier": {"name": ref.config.verifier["name_or_path"], "path": local}})
+    export(run, tmp_path / "spec", fmt="speculators")
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -108,7 +108,7 @@ class Pipeline:
         from eagle3_train.data.prepare import prepare
 
         manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
-                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep)),
+                              lambda: _counts(prepare(data_source, verifier, prepared, **prep)),
                               after=("generate",))
         self.summary["data"] = manifest
 
@@ -126,7 +126,7 @@ class Pipeline:
 
         self.summary["extract"] = self.stage(
             "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"],
+            lambda: _extract_summary(extract(prepared, verifier, hidden, **cfg["extract"],
                                              overwrite=self._restarts("extract", e_settings))), after=("prepare",))
 
         train_out = rd / "train"
@@ -145,7 +145,7 @@ class Pipeline:
         for fmt in formats:
             out = rd / f"export-{fmt}"
             res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
-                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier_dir),
+                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier),
                                                              **ex), after=("train",))
             exports[fmt] = res["out"]
             self.summary.setdefault("serve", {})[fmt] = res["serve"]

@@ -106,7 +106,9 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
     model = load_draft(ckpt_dir)
     cfg = model.config
     metadata = read_json(ckpt_dir / METADATA, "training metadata") if (ckpt_dir / METADATA).is_file() else {}
-    verifier_path = verifier or (metadata.get("verifier") or {}).get("path") or cfg.verifier.get("name_or_path")
+    # What the user named (hub id, embedded name, path) before the machine-local directory it resolved to.
+    recorded = metadata.get("verifier") or {}
+    verifier_path = verifier or cfg.verifier.get("name_or_path") or recorded.get("name") or recorded.get("path")
     tensors = {k: v for k, v in model.trainable_state_dict().items()}
     validate_tensors(model, tensors)
     torch_dtype = DTYPES[dtype]

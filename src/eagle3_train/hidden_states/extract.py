@@ -352,7 +352,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
         plans[split] = plan_shards(lengths, shard_tokens)
 
     settings = {
-        "verifier": verifier_identity(verifier_path),
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_path)},  # name: as the user gave it
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
         "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
