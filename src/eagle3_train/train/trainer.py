@@ -298,6 +298,7 @@ class Trainer:
 
     def _set_aside(self) -> None:
         """--overwrite: move the run in --out aside (never deleted) so this one starts from an empty directory."""
+        barrier(self.info)  # every rank has seen the old checkpoints before rank 0 moves them
         if self.info.is_main:
             aside = self.out.with_name(f"{self.out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
             self.out.rename(aside)
