@@ -31,6 +31,7 @@ COMMANDS: dict[tuple[str, ...], type] = {
     ("vocab",): settings.VocabSettings, ("extract",): settings.ExtractSettings, ("train",): TrainConfig,
     ("export",): settings.ExportSettings, ("evaluate", "offline"): settings.OfflineEvalSettings,
     ("evaluate", "served"): settings.ServedEvalSettings, ("serve",): settings.ServeSettings}
+PARSERS = {**COMMANDS, ("run",): settings.RunSettings}
 
 
 def stage_parser(command: tuple[str, ...]) -> argparse.ArgumentParser:
@@ -46,9 +47,9 @@ def options(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {a.dest: a for a in p._actions if a.dest not in ("help", "set", "config")}
 
 
-@pytest.mark.parametrize("command", list(COMMANDS), ids=" ".join)
+@pytest.mark.parametrize("command", list(PARSERS), ids=" ".join)
 def test_every_flag_default_and_choice_comes_from_the_dataclass(command):
-    cls = COMMANDS[command]
+    cls = PARSERS[command]
     p = stage_parser(command)
     opts = options(p)
     cli_fields = {f.name for f in dataclasses.fields(cls) if f.metadata.get("cli", True)}
@@ -159,7 +160,10 @@ def test_run_set_typo_is_one_line_before_anything_runs(tmp_path, capsys):
     assert cli_main(["run", "--config", str(cfg), "--set", "train.lrr=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'lrr'" in err and "did you mean 'lr'" in err and "'train'" in err
-    assert not (tmp_path / "run").exists()
+    assert cli_main(["run", "--config", str(cfg), "--run-dir", str(tmp_path / "other"), "--set",
+                     "prepare.max_lenght=8"]) == 2
+    assert "did you mean 'max_length'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "other").exists()
 
 
 @pytest.mark.parametrize("command", list(COMMANDS), ids=" ".join)

@@ -19,7 +19,13 @@ from eagle3_train.settings import SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import read_json, sha256_json, write_json
 from eagle3_train.utils.provenance import environment, now_iso
-from eagle3_train.utils.settings import build_settings, unknown_key_error, yaml_keys
+from eagle3_train.utils.settings import (
+    add_settings_arguments,
+    build_settings,
+    explicit,
+    unknown_key_error,
+    yaml_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -236,12 +242,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config (see configs/ and docs/CONFIG.md)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a setting of a section (values read as YAML; an unknown key is an error)")
-    p.add_argument("--run-dir", help="override run_dir")
+    add_settings_arguments(p, RunSettings, set_option=False)  # --run-dir, --verifier: override the config's
 
 
 def main(args: argparse.Namespace) -> int:
     raw = apply_overrides(load_yaml(args.config), args.set)
-    if args.run_dir:
-        raw["run_dir"] = args.run_dir
+    raw.update({k: getattr(args, k) for k in explicit(args)})
     Pipeline(raw).run()
     return 0

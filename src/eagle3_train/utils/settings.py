@@ -195,9 +195,10 @@ def build_settings(cls: type[T], values: dict[str, Any], where: str, *, yaml_onl
 
 
 def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
-    """`--set KEY=VALUE` or `--set SECTION.KEY=VALUE` (SECTION one of `prefixes`); values are read as YAML."""
+    """`--set KEY=VALUE` or `--set SECTION.KEY=VALUE` (SECTION one of `prefixes`); values are read as YAML and
+    checked against the field's type (`lr=3e-4` is the float YAML 1.1 would leave a string)."""
     out: dict[str, Any] = {}
-    names = [f.name for f in dataclasses.fields(cls)]
+    names, hints = [f.name for f in dataclasses.fields(cls)], _hints(cls)
     for item in items or []:
         if "=" not in item:
             raise Eagle3InputError(f"--set '{item}' must look like KEY=VALUE")
@@ -208,7 +209,7 @@ def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] 
                 raise Eagle3InputError(f"--set '{item}': section '{section}' is not one of {list(prefixes)}")
         if key not in names:
             raise unknown_key_error(key, names, f"--set '{item}'")
-        out[key] = yaml.safe_load(raw) if raw else ""
+        out[key] = _coerce(yaml.safe_load(raw) if raw else "", hints[key], f"--set '{item}'", choices(cls, key))
     return out
 
 
