@@ -36,7 +36,7 @@ from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_text, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
-from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
+from eagle3_train.utils.settings import add_settings_arguments, choices, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
         raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if val_count is not None and val_count < 0:
         raise Eagle3InputError(f"val_count must be >= 0, got {val_count}")
-    if leading_assistant not in ("trim", "skip"):
+    if leading_assistant not in choices(PrepareSettings, "leading_assistant"):
         raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
 
 

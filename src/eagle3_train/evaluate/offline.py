@@ -10,7 +10,8 @@ Each round (as vLLM runs EAGLE-3 with a chain of k tokens):
    verifier features (the others are recomputed from verifier features next round, as vLLM does).
 The output must equal plain greedy decoding token for token; `check_greedy` runs that decoding and compares.
 
-Python API: `evaluate_offline(draft, verifier, prompts, k=3, max_new_tokens=128, ...) -> dict`,
+Python API: `evaluate_offline(draft, verifier, prompts, k=..., max_new_tokens=..., ...) -> dict` (defaults:
+OfflineEvalSettings),
 `load_draft_for_eval(path, verifier_model, verifier_dir) -> (Eagle3Draft, info)`,
 `held_out_check(prompts, prepared_dir, tokenizer) -> dict`, `GreedyMismatchError`.
 """

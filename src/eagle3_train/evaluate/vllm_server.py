@@ -8,7 +8,7 @@ Python API:
   OpenAI endpoint (`http://127.0.0.1:PORT/v1`), `.model_name` the name to put in requests.
   A speculators-format draft (config with `speculators_config`) can be served alone: `VLLMServer(model=DRAFT_DIR)`;
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
-- `speculative_config(draft_dir, k=3, method="eagle3") -> dict`
+- `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS, method="eagle3") -> dict`
 - `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
 CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]` (until Ctrl-C).
 """

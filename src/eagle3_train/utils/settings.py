@@ -207,9 +207,10 @@ def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] 
             section, key = key.split(".", 1)
             if section not in prefixes:
                 raise Eagle3InputError(f"--set '{item}': section '{section}' is not one of {list(prefixes)}")
+        where = f"section '{prefixes[0]}' (--set {item})" if prefixes else f"--set {item}"
         if key not in names:
-            raise unknown_key_error(key, names, f"--set '{item}'")
-        out[key] = _coerce(yaml.safe_load(raw) if raw else "", hints[key], f"--set '{item}'", choices(cls, key))
+            raise unknown_key_error(key, names, where)
+        out[key] = _coerce(yaml.safe_load(raw) if raw else "", hints[key], where, choices(cls, key))
     return out
 
 
