@@ -246,9 +246,9 @@ def test_one_name_for_one_thing():
     # repeatable endpoints (also comma-separated) in generate and evaluate served
     a = parse("evaluate", "served", "--endpoint", "http://a/v1", "--endpoint", "http://b/v1,http://c/v1")
     assert a.endpoint == ["http://a/v1", "http://b/v1", "http://c/v1"]
-    assert parse("generate", "--out", "o", "--endpoint", "http://a/v1").endpoint == ["http://a/v1"]
+    assert parse("generate", "--data", "d", "--out", "o", "--endpoint", "http://a/v1").endpoint == ["http://a/v1"]
     # --overwrite on every stage that writes one output directory
-    for argv in (["generate", "--out", "o"], ["extract", "--prepared", "p", "--out", "o"],
+    for argv in (["generate", "--data", "d", "--out", "o"], ["extract", "--prepared", "p", "--out", "o"],
                  ["vocab", "--prepared", "p", "--out", "o"], ["export", "c", "--out", "o"], ["train"]):
         assert parse(*argv).overwrite is False and parse(*argv, "--overwrite").overwrite is True
 

@@ -63,7 +63,8 @@ class GenerateSettings:
     SECTION: ClassVar[str] = "generate"
     enabled: bool = setting(False, "regenerate the assistant turns with the verifier before `prepare` (on-policy "
                                    "data; skipped with a note when the vLLM env is missing)", cli=False)
-    data: str = setting("sharegpt", "conversations: 'sharegpt', a .json/.jsonl file or a data dir", yaml=False)
+    data: str = setting("sharegpt", "conversations: 'sharegpt', a .json/.jsonl file or a data dir", required=True,
+                        yaml=False)
     out: str = setting("", "output directory (conversations.jsonl, manifest.json)", required=True, yaml=False)
     endpoint: list[str] = setting(default_factory=list, help="OpenAI-compatible base URL, e.g. "
                                   "http://127.0.0.1:8000/v1 (repeat to spread the load)", yaml=False)
