@@ -257,9 +257,9 @@ read as YAML. A mistyped key is an error naming the closest valid key.
 def config_reference() -> str:
     parts = [_INTRO, markdown_table(RunSettings, "Top level", "Keys at the top of a run config.")]
     for name, cls in SECTIONS.items():
-        parts.append(markdown_table(cls, f"`{name}`", f"Section `{name}:` of a run config; "
-                                                      f"command `eagle3-train {name}`."
-                                    if name != "evaluate" else "Section `evaluate:` of a run config."))
+        command = name != "evaluate"  # the pipeline's evaluate section; the commands are `evaluate offline|served`
+        intro = f"Section `{name}:` of a run config" + (f"; command `eagle3-train {name}`." if command else ".")
+        parts.append(markdown_table(cls, f"`{name}`", intro, flags_shown=command))
     for name, cls in COMMANDS.items():
         parts.append(markdown_table(cls, f"`{name}` (command only)", f"Flags of `eagle3-train {name}`."))
     return "\n".join(parts)

@@ -319,29 +319,43 @@ def settings_from_args(cls: type[T], args: argparse.Namespace, base: dict[str, A
 
 # --- docs ----------------------------------------------------------------------------------------------------------
 def _cell(value: Any) -> str:
-    if value is None:
+    if value is None or value == "":
         return "–"
     text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
     return f"`{text}`"
 
 
-def markdown_table(cls: type, title: str, intro: str = "") -> str:
+def _kind(hint: Any) -> str:
+    """A type as the docs show it: `int | None`, `trim | skip`, `list of eagle | speculators`."""
+    parts = []
+    for arm in typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else [hint]:
+        if typing.get_origin(arm) is Literal:
+            parts += [str(v) for v in typing.get_args(arm)]
+        elif typing.get_origin(arm) in (list, tuple):
+            parts.append(f"list of {_kind(typing.get_args(arm)[0])}")
+        else:
+            parts.append("None" if arm is type(None) else _type_name(arm))
+    return " | ".join(parts)
+
+
+def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = True) -> str:
+    """The docs of one settings dataclass: key, CLI flag, type, default, meaning."""
     hints = _hints(cls)
     rows = ["| key | CLI flag | type | default | meaning |", "|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         meta = f.metadata
         key = f"`{f.name}`" if meta.get("yaml", True) else f"({f.name})"
-        if not meta.get("cli", True):
+        if not (flags_shown and meta.get("cli", True)):
             flag = "–"
         elif meta.get("positional"):
             flag = f"`{f.name.upper()}` (argument)"
         else:
             flag = " ".join(f"`{s}`" for s in flags(f))
-        valid = choices(cls, f.name)
-        kind = " \\| ".join(map(str, valid)) if valid else _type_name(hints[f.name]).replace("|", "\\|")
+        valid = meta.get("choices")
+        kind = " | ".join(map(str, valid)) if valid else _kind(hints[f.name])
         default = "required" if meta.get("required") or meta.get("positional") else _cell(_default(f))
         meaning = meta.get("help", "").replace("|", "\\|")
-        rows.append(f"| {key} | {flag} | {kind} | {default} | {meaning} |")
+        rows.append(f"| {key} | {flag} | {kind.replace('|', chr(92) + '|')} | {default} | {meaning} |")
     parts = [f"## {title}", ""]
     if intro:
         parts += [intro, ""]
