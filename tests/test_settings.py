@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,14 @@ def settings_choices(cls: type, name: str):
     from eagle3_train.utils.settings import choices
 
     return choices(cls, name)
+
+
+def test_stage_modules_write_no_flag_defaults_of_their_own():
+    for command in PARSERS:
+        module = importlib.import_module(STAGES[command[0]][0])
+        source = inspect.getsource(module.add_arguments)
+        assert not re.search(r"default=(?!\[\])", source), \
+            f"{module.__name__}.add_arguments sets a default: use the dataclass"
 
 
 def test_every_pipeline_section_and_command_has_one_dataclass():
