@@ -23,8 +23,9 @@ from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
-from eagle3_train.utils.config import apply_overrides, to_dataclass
+from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import read_json, write_json
+from eagle3_train.utils.settings import parse_set
 
 RESULTS = OUT.parent / "equal_budget_acceptance.json"
 BASE = dict(ttt_steps=3, epochs=3, token_budget=2048, lr=5e-4, warmup_ratio=0.05, grad_clip=0.5, seed=0,
@@ -33,7 +34,7 @@ BASE = dict(ttt_steps=3, epochs=3, token_budget=2048, lr=5e-4, warmup_ratio=0.05
 
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, rest = text.partition(":")
-    return name, apply_overrides({}, [item for item in rest.split(",") if item])
+    return name, parse_set([item for item in rest.split(",") if item], TrainConfig, ("train",))
 
 
 def run_variant(name: str, overrides: dict, args) -> dict:

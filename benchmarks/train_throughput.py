@@ -38,7 +38,7 @@ def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str
 
     from eagle3_train.train.config import TrainConfig
     from eagle3_train.train.trainer import Trainer
-    from eagle3_train.utils.config import apply_overrides, to_dataclass
+    from eagle3_train.utils.settings import build_settings, parse_set
 
     if threads:
         torch.set_num_threads(threads)
@@ -47,7 +47,7 @@ def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str
                   out=str(out), ttt_steps=ttt_steps, token_budget=2048, max_steps=steps, lr=1e-4,
                   tensorboard=False, log_every=1000)
     # e.g. checkpoint_mlp=false, for A/B runs of one setting; unknown keys are named, not silently ignored
-    cfg = to_dataclass(TrainConfig, apply_overrides(values, overrides), "--set")
+    cfg = build_settings(TrainConfig, {**values, **parse_set(overrides, TrainConfig, ("train",))}, "--set")
     trainer = Trainer(cfg)
     plan = __import__("eagle3_train.train.batching", fromlist=["plan_batches"]).plan_batches(
         trainer.train_data.lengths, cfg.token_budget, cfg.seed, 0)

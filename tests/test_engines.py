@@ -23,7 +23,7 @@ def runs(tmp_path_factory):
 
 
 def test_plain_draft_serves_as_trained_in_both_engines(runs, tmp_path):
-    r = export(runs[0], tmp_path / "x", fmt="eagle", target="sglang")
+    r = export(runs[0], tmp_path / "x", fmt="eagle", engine="sglang")
     assert r["engines"]["sglang"]["serves_as_trained"] and r["engines"]["vllm"]["serves_as_trained"]
     meta = json.loads((tmp_path / "x" / "training_metadata.json").read_text())
     assert meta["export"]["engines"] == r["engines"]
@@ -31,12 +31,12 @@ def test_plain_draft_serves_as_trained_in_both_engines(runs, tmp_path):
 
 def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
     with pytest.raises(Eagle3InputError, match="norm_before_fc=true: SGLang's loader ignores it"):
-        export(runs[1], tmp_path / "x", fmt="eagle", target="sglang")
+        export(runs[1], tmp_path / "x", fmt="eagle", engine="sglang")
     assert not (tmp_path / "x").exists()
     assert cli.main(["export", str(runs[1]), "--out", str(tmp_path / "y"), "--for", "sglang"]) == 2
     assert "norm_output=true" in capsys.readouterr().err
     # Without --for the export is written, with the verdict recorded and shown by inspect.
-    r = export(runs[1], tmp_path / "spec", fmt="speculators", verifier="some/verifier", target="vllm")
+    r = export(runs[1], tmp_path / "spec", fmt="speculators", verifier="some/verifier", engine="vllm")
     sg, vl = r["engines"]["sglang"], r["engines"]["vllm"]
     assert not sg["serves_as_trained"] and any("speculators format" in x for x in sg["reasons"])
     assert vl["serves_as_trained"] and any("#46488" in x for x in vl["older_releases_need"])
@@ -46,7 +46,7 @@ def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
 
 def test_speculators_format_is_not_for_sglang(runs, tmp_path):
     with pytest.raises(Eagle3InputError, match="does not read the speculators format"):
-        export(runs[0], tmp_path / "x", fmt="speculators", verifier="v", target="sglang")
+        export(runs[0], tmp_path / "x", fmt="speculators", verifier="v", engine="sglang")
 
 
 def test_speculators_export_records_the_verifier_as_the_user_named_it(tmp_path):

@@ -27,6 +27,7 @@ from eagle3_train.export.inspect import format_report, inspect_checkpoint
 from eagle3_train.train.checkpoint import save_checkpoint
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.metadata import build_metadata
+from eagle3_train.utils.io import Eagle3InputError
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +113,24 @@ def test_lineage_of_an_export_back_to_the_random_start(ref, inputs, tmp_path):
     text = format_report(info)
     assert f"finetuned from {run_a} (eagle3-train format, vocab keep)" in text
     assert "random initialisation (seed 3)" in text
+
+
+def test_export_replaces_only_the_same_export_unless_overwrite(ref, inputs, tmp_path):
+    cfg = train_config("", out=str(tmp_path / "run"))
+    run = write_ours(ref, tmp_path / "run", _metadata(cfg, inputs, ref, {"method": "random", "seed": 0}, 1))
+    out = tmp_path / "export"
+    first = export(run, out, fmt="eagle", dtype="bfloat16")
+    assert export(run, out, fmt="eagle", dtype="bfloat16")["weights_sha256"] == first["weights_sha256"]
+    with pytest.raises(Eagle3InputError, match="other dtype.*--overwrite"):
+        export(run, out, fmt="eagle", dtype="float16")
+    assert export(run, out, fmt="eagle", dtype="float16", overwrite=True)["dtype"] == "float16"
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    for overwrite in (False, True):  # --overwrite replaces our own exports only, never a foreign directory
+        with pytest.raises(Eagle3InputError, match="not an earlier output"):
+            export(run, foreign, fmt="eagle", overwrite=overwrite)
+    assert (foreign / "notes.txt").read_text() == "keep me"
 
 
 def test_lineage_ends_at_an_external_draft(ref, inputs, tmp_path):

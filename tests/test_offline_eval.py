@@ -305,7 +305,7 @@ def test_served_mode_is_wired_to_the_served_evaluator():
 
     argv = ["evaluate", "served", "--endpoint", "http://127.0.0.1:9/v1", "--prompts", "mt-bench", "--limit", "2"]
     args = build_parser(argv).parse_args(argv)
-    assert args.eval_mode == "served" and args.endpoint.endswith("/v1") and args.limit == 2
+    assert args.eval_mode == "served" and args.endpoint == ["http://127.0.0.1:9/v1"] and args.num_prompts == 2
 
 
 @pytest.fixture(scope="module")

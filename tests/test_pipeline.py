@@ -60,7 +60,7 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
 
 
 def test_unknown_sections_and_keys_are_named(tmp_path):
-    with pytest.raises(Eagle3InputError, match="unknown top-level config section"):
+    with pytest.raises(Eagle3InputError, match="unknown key 'trian' in the top level.*did you mean 'train'"):
         Pipeline({"trian": {}})
     with pytest.raises(Eagle3InputError, match="lrr"):
         from eagle3_train.train.config import TrainConfig

@@ -10,7 +10,9 @@ from vllm_helpers import require_vllm, shared_server
 
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.evaluate.served import add_served_arguments, evaluate_served, root_url, run_served
+from eagle3_train.settings import ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.settings import settings_from_args
 
 PROMPTS = [EvalPrompt("p0", "mini", ["What is the capital of France?", "And of Italy?"]),
            EvalPrompt("p1", "mini", ["List two colours."]),
@@ -20,13 +22,12 @@ PROMPTS = [EvalPrompt("p0", "mini", ["What is the capital of France?", "And of I
 def test_root_url_and_cli_options():
     assert root_url("http://h:1/v1/") == "http://h:1" and root_url("http://h:1") == "http://h:1"
     p = argparse.ArgumentParser()
-    p.add_argument("--out")  # an option the evaluate CLI may already define is not added twice
     add_served_arguments(p)
     a = p.parse_args(["--endpoint", "http://x/v1", "--prompts", "humaneval", "-k", "2", "--out", "d"])
-    assert (a.endpoint, a.prompts, a.num_speculative_tokens, a.out, a.max_tokens) == ("http://x/v1", "humaneval",
-                                                                                      2, "d", 128)
+    assert (a.endpoint, a.benchmark, a.k, a.out, a.max_tokens) == (["http://x/v1"], "humaneval", 2, "d",
+                                                                   ServedEvalSettings.max_tokens)
     with pytest.raises(Eagle3InputError, match="--endpoint URL.*--draft DIR"):
-        run_served(p.parse_args(["--prompts", "mt-bench", "--limit", "1"]))
+        run_served(settings_from_args(ServedEvalSettings, p.parse_args(["--prompts", "mt-bench", "--limit", "1"])))
     with pytest.raises(Eagle3InputError, match="no prompts"):
         evaluate_served("http://127.0.0.1:9/v1", "m", [])
 
@@ -41,7 +42,7 @@ def servers(tmp_path_factory):
 @pytest.mark.vllm
 def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers):
     plain, spec = servers
-    r = evaluate_served(spec.base_url, spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
+    r = evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
                         baseline_url=plain.base_url, baseline_model=plain.model_name)
     k = spec.speculative["num_speculative_tokens"]
     acc = r["acceptance"]
@@ -72,7 +73,7 @@ def test_run_served_writes_results(servers, tmp_path):
     add_served_arguments(p)
     args = p.parse_args(["--endpoint", spec.base_url, "--baseline-endpoint", plain.base_url, "--prompts",
                          str(prompts), "--max-tokens", "8", "--concurrency", "2", "--out", str(tmp_path / "ev")])
-    result = run_served(args)
+    result = run_served(settings_from_args(ServedEvalSettings, args))
     saved = json.loads((tmp_path / "ev" / "results.json").read_text())
     assert saved["acceptance"] == result["acceptance"] and saved["acceptance"]["num_drafts"] > 0
     assert saved["model"] == spec.model_name and saved["n_prompts"] == 2

@@ -68,6 +68,9 @@ def test_resume_continues_exactly(stages, tmp_path):
     lines = [json.loads(x) for x in (interrupted / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["split"] == "train"]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicated or missing log lines
+    again = train(config(root, straight, max_steps=1, overwrite=True))  # --overwrite sets the old run aside
+    (aside,) = tmp_path.glob("straight.previous-*")
+    assert again["step"] == 1 and all(torch.equal(a[k], v) for k, v in weights(aside).items())
 
 
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):

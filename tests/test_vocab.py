@@ -143,6 +143,18 @@ def test_cli_vocab_prints_coverage_table(tmp_path, capsys):
     assert (tmp_path / "vocab" / "vocab.safetensors").is_file()
 
 
+def test_vocab_replaces_another_vocabulary_only_with_overwrite(tmp_path):
+    prep = make_prepared(tmp_path / "prep", TRAIN, VALIDATION, vocab_size=100)
+    out = tmp_path / "vocab"
+    first = build_vocab(prep, out, size=4)
+    assert build_vocab(prep, out, size=4)["vocab_sha256"] == first["vocab_sha256"]  # same inputs: rebuilt as is
+    with pytest.raises(Eagle3InputError, match="another size.*--overwrite"):
+        build_vocab(prep, out, size=8)
+    assert build_vocab(prep, out, size=8, overwrite=True)["size"] == 8
+    assert cli_main(["vocab", "--prepared", str(prep), "--out", str(out), "--size", "4"]) == 2
+    assert cli_main(["vocab", "--prepared", str(prep), "--out", str(out), "--size", "4", "--overwrite"]) == 0
+
+
 # ---- bad input -------------------------------------------------------------------------------------------------
 
 def test_build_errors(tmp_path):

@@ -11,6 +11,7 @@ import importlib
 import logging
 import sys
 
+from eagle3_train import __version__
 from eagle3_train.utils.io import Eagle3InputError
 
 # subcommand -> (module, one-line help). Modules are imported only for the chosen subcommand.
@@ -32,6 +33,7 @@ STAGES: dict[str, tuple[str, str]] = {
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-train", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     chosen = next((a for a in argv if a in STAGES), None)
     for name, (module, help_) in STAGES.items():

@@ -8,12 +8,14 @@ any other aside. Ends with a summary table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.settings import SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -25,31 +27,36 @@ from eagle3_train.utils.io import (
     write_json,
 )
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.settings import (
+    add_settings_arguments,
+    build_settings,
+    explicit,
+    unknown_key_error,
+    yaml_keys,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULTS: dict[str, Any] = {
-    "run_dir": "runs/default",
-    "verifier": "smollm2-135m-instruct",
-    "prepare": {"data": "sharegpt", "limit": None, "max_length": 2048, "overflow": "truncate", "val_fraction": 0.05,
-                "seed": 0},
-    "generate": {"enabled": False},
-    "vocab": {"size": 32000},
-    "extract": {"dtype": "bfloat16", "token_budget": 8192},
-    "train": {},
-    "export": {"formats": ["eagle"], "dtype": "bfloat16", "speculative_tokens": 3},
-    "evaluate": {"vllm": False, "offline": False},
-}
+# Keys each section's settings hash has always included, set or not (older runs' pipeline_state.json stays valid);
+# any other key counts once it is set. Their defaults come from the settings dataclasses.
+_HASHED_KEYS: dict[str, tuple[str, ...]] = {
+    "prepare": ("data", "limit", "max_length", "overflow", "val_fraction", "seed"), "generate": ("enabled",),
+    "vocab": ("size",), "extract": ("dtype", "token_budget"), "train": (),
+    "export": ("formats", "dtype", "speculative_tokens"), "evaluate": ("vllm", "offline")}
 
 
 def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        raise Eagle3InputError(f"unknown top-level config section(s) {unknown}; known: {sorted(DEFAULTS)}")
-    out: dict[str, Any] = {}
-    for k, default in DEFAULTS.items():
-        v = raw.get(k, default)
-        out[k] = {**default, **(v or {})} if isinstance(default, dict) else v
+    """Check a run config against the settings dataclasses; each section becomes the dict of its hashed keys."""
+    top = [f.name for f in dataclasses.fields(RunSettings)]
+    for key in raw:
+        if key not in SECTIONS and key not in top:
+            raise unknown_key_error(str(key), [*top, *SECTIONS], "the top level of the config (sections and keys)")
+    run = build_settings(RunSettings, {k: raw[k] for k in top if k in raw}, "the top level of the config")
+    out: dict[str, Any] = dataclasses.asdict(run)
+    for name, cls in SECTIONS.items():
+        given = raw.get(name) or {}
+        checked = build_settings(cls, given, f"config section '{name}'", yaml_only=True)
+        out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given or k in _HASHED_KEYS[name]}
     return out
 
 
@@ -117,7 +124,8 @@ class Pipeline:
         from eagle3_train.vocab.build import build_vocab
 
         self.summary["vocab"] = self.stage("vocab", v_settings, vocab_dir / "vocab.safetensors",
-                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir, **cfg["vocab"])),
+                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir,
+                                                                              overwrite=True, **cfg["vocab"])),
                                            after=("prepare",))
 
         hidden = rd / "hidden_states"
@@ -146,7 +154,7 @@ class Pipeline:
             out = rd / f"export-{fmt}"
             res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
                              lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier),
-                                                             **ex), after=("train",))
+                                                             overwrite=True, **ex), after=("train",))
             exports[fmt] = res["out"]
             self.summary.setdefault("serve", {})[fmt] = res["serve"]
         self.summary["exports"] = exports
@@ -190,9 +198,7 @@ class Pipeline:
     def _train(self, values: dict[str, Any], out: Path, settings: dict[str, Any]) -> dict[str, Any]:
         from eagle3_train.train.config import TrainConfig
         from eagle3_train.train.trainer import train
-        from eagle3_train.utils.config import to_dataclass
-
-        cfg = to_dataclass(TrainConfig, values, "config section `train`")
+        cfg = build_settings(TrainConfig, values, "config section 'train'")
         # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
         # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
         if self._restarts("train", settings) and out.exists():
@@ -277,14 +283,14 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML run config (see configs/)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a setting")
-    p.add_argument("--run-dir", help="override run_dir")
+    p.add_argument("--config", required=True, help="YAML run config (see configs/ and docs/CONFIG.md)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a setting of a section (values read as YAML; an unknown key is an error)")
+    add_settings_arguments(p, RunSettings, set_option=False)  # --run-dir, --verifier: override the config's
 
 
 def main(args: argparse.Namespace) -> int:
     raw = apply_overrides(load_yaml(args.config), args.set)
-    if args.run_dir:
-        raw["run_dir"] = args.run_dir
+    raw.update({k: getattr(args, k) for k in explicit(args)})
     Pipeline(raw).run()
     return 0

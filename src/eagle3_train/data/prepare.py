@@ -5,10 +5,10 @@ Output (docs/ARCHITECTURE.md): `OUT/dataset` (a `datasets.DatasetDict` with spli
 and chat-template hash, verifier, settings, counts). The directory is written under a temporary name and renamed
 when complete.
 
-Python API: `prepare(source, verifier, out_dir, max_length=2048, overflow="truncate", val_fraction=0.05, seed=0,
-limit=None, chat_template=None, val_count=None, leading_assistant="trim") -> dict` (the manifest);
-`preview(prepared_dir, n=3, split="train", color=None) -> str`.
-CLI: `eagle3-train prepare --data sharegpt --verifier smollm2-135m-instruct --out DIR [--max-length 2048]
+Python API: `prepare(source, verifier, out_dir, max_length=..., overflow=..., val_fraction=..., seed=..., limit=...,
+chat_template=..., val_count=..., leading_assistant=...) -> dict` (the manifest), defaults from `PrepareSettings`
+(docs/CONFIG.md); `preview(prepared_dir, n=3, split="train", color=None) -> str`.
+CLI: `eagle3-train prepare --data sharegpt --verifier smollm2-135m-instruct --out DIR [--max-length N]
 [--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]`.
 """
 
@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+import typing
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
+from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
     claim_output_dir,
@@ -44,10 +46,11 @@ from eagle3_train.utils.io import (
 )
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.settings import add_settings_arguments, choices, settings_from_args
 
 log = logging.getLogger(__name__)
 
-OVERFLOW_CHOICES = ("truncate", "drop")
+OVERFLOW_CHOICES = typing.get_args(Overflow)
 COLUMNS = ("id", "input_ids", "loss_mask", "length", "n_supervised")
 _BATCH = 256
 _EXAMPLES_PER_REASON = 5
@@ -85,14 +88,18 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
         raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if val_count is not None and val_count < 0:
         raise Eagle3InputError(f"val_count must be >= 0, got {val_count}")
-    if leading_assistant not in ("trim", "skip"):
+    if leading_assistant not in choices(PrepareSettings, "leading_assistant"):
         raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
 
 
-def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
-            overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
-            chat_template: str | None = None, val_count: int | None = None,
-            leading_assistant: str = "trim", reasoning: str = "auto") -> dict[str, Any]:
+_D = PrepareSettings  # keyword defaults below are the settings dataclass's
+
+
+def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = _D.max_length,
+            overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
+            limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
+            val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
+            reasoning: str = _D.reasoning) -> dict[str, Any]:
     """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
     from transformers import AutoTokenizer
 
@@ -301,33 +308,15 @@ def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: boo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default="sharegpt",
-                   help="'sharegpt' (embedded), a ShareGPT/OpenAI-messages .json/.jsonl file, or a `generate` dir")
-    p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="embedded name, HF checkpoint dir, .gguf or hub id")
-    p.add_argument("--out", required=True, help="output directory (dataset/ and manifest.json)")
-    p.add_argument("--max-length", type=int, default=2048, help="tokens per sample (default 2048)")
-    p.add_argument("--overflow", choices=OVERFLOW_CHOICES, default="truncate",
-                   help="longer samples: truncate to --max-length, or drop them (default truncate)")
-    p.add_argument("--limit", type=int, help="read only the first N conversations of the source")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="share of conversations for validation")
-    p.add_argument("--val-count", type=int, help="exact number of validation conversations (overrides the fraction)")
-    p.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
-    p.add_argument("--chat-template", help="a .jinja file to use instead of the tokenizer's chat template")
-    p.add_argument("--leading-assistant", choices=("trim", "skip"), default="trim",
-                   help="conversations starting with an assistant turn: drop those turns, or skip the conversation")
-    p.add_argument("--reasoning", choices=REASONING_MODES, default="auto",
-                   help="a thinking model's reasoning_content: through the chat template, inline in <think> tags, "
-                        "dropped, or auto (template when it renders reasoning, else inline); supervised like the "
-                        "answer")
-    p.add_argument("--preview", type=int, default=0, metavar="N",
-                   help="print N samples with the supervised tokens highlighted")
+    add_settings_arguments(p, PrepareSettings)
 
 
 def main(args: argparse.Namespace) -> int:
-    manifest = prepare(args.data, args.verifier, args.out, max_length=args.max_length, overflow=args.overflow,
-                       val_fraction=args.val_fraction, seed=args.seed, limit=args.limit,
-                       chat_template=args.chat_template, val_count=args.val_count,
-                       leading_assistant=args.leading_assistant, reasoning=args.reasoning)
+    s = settings_from_args(PrepareSettings, args)
+    manifest = prepare(s.data, s.verifier, s.out, max_length=s.max_length, overflow=s.overflow,
+                       val_fraction=s.val_fraction, seed=s.seed, limit=s.limit, chat_template=s.chat_template,
+                       val_count=s.val_count, leading_assistant=s.leading_assistant,
+                       reasoning=s.reasoning)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"
@@ -335,8 +324,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"kept: train {c['kept']['train']}, validation {c['kept']['validation']}; "
           f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}")
     print(f"tokens: {json.dumps(c['tokens'])}; supervised: {json.dumps(c['supervised_tokens'])}")
-    print(f"took {manifest['elapsed_s']:.1f}s -> {args.out}")
-    if args.preview:
+    print(f"took {manifest['elapsed_s']:.1f}s -> {s.out}")
+    if s.preview:
         print()
-        print(preview(args.out, args.preview))
+        print(preview(s.out, s.preview))
     return 0

@@ -13,9 +13,11 @@ Reasoning is part of the assistant turn, so its tokens are supervised like the a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
-REASONING_MODES = ("auto", "template", "inline", "drop")
+from eagle3_train.settings import ReasoningPlacement
+
+REASONING_MODES = get_args(ReasoningPlacement)
 REASONING_KEY = "reasoning_content"
 
 

@@ -10,7 +10,8 @@ Each round (as vLLM runs EAGLE-3 with a chain of k tokens):
    verifier features (the others are recomputed from verifier features next round, as vLLM does).
 The output must equal plain greedy decoding token for token; `check_greedy` runs that decoding and compares.
 
-Python API: `evaluate_offline(draft, verifier, prompts, k=3, max_new_tokens=128, ...) -> dict`,
+Python API: `evaluate_offline(draft, verifier, prompts, k=..., max_new_tokens=..., ...) -> dict` (defaults:
+OfflineEvalSettings),
 `load_draft_for_eval(path, verifier_model, verifier_dir) -> (Eagle3Draft, info)`,
 `held_out_check(prompts, prepared_dir, tokenizer) -> dict`, `GreedyMismatchError`.
 """
@@ -27,6 +28,7 @@ import torch
 
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.settings import OfflineEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, read_json
 from eagle3_train.utils.progress import progress
 
@@ -463,9 +465,13 @@ def load_verifier(verifier: str | Path, device: str = "cpu", dtype: torch.dtype 
     return vdir, tokenizer, model
 
 
-def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prompts: list[EvalPrompt], k: int = 3,
-                     max_new_tokens: int = 128, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                     check_greedy: bool = True, prepared: str | Path | None = None, tie_tol: float = 1e-3,
+_D = OfflineEvalSettings  # keyword defaults below are the settings dataclass's
+
+
+def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prompts: list[EvalPrompt], k: int = _D.k,
+                     max_new_tokens: int = _D.max_new_tokens, device: str = _D.device,
+                     dtype: torch.dtype = getattr(torch, _D.dtype), check_greedy: bool = _D.check_greedy,
+                     prepared: str | Path | None = _D.prepared, tie_tol: float = _D.tie_tol,
                      record_rounds: bool = False, verifier_model=None, tokenizer=None) -> dict[str, Any]:
     """Acceptance of `draft` for `verifier` on `prompts` by chain speculative decoding (see the module docstring).
 

@@ -14,13 +14,16 @@ from typing import Any
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.evaluate.served import evaluate_served
 from eagle3_train.evaluate.vllm_server import VLLMServer, speculative_config, vllm_available
+from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
 
 log = logging.getLogger(__name__)
+_D = EvaluateSettings  # keyword defaults below are the settings dataclass's
 
 
-def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = 3,
-                      fmt: str = "eagle", max_tokens: int = 128, concurrency: int = 8, baseline: bool = False,
+def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = _D.k,
+                      fmt: str = "eagle", max_tokens: int = _D.max_tokens, concurrency: int = _D.concurrency,
+                      baseline: bool = _D.baseline,
                       log_dir: str | Path | None = None, enforce_eager: bool = True) -> dict[str, Any]:
     """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check)."""
     log_dir = Path(log_dir) if log_dir else None
@@ -58,10 +61,11 @@ def acceptance_summary(result: dict[str, Any]) -> dict[str, Any]:
             "greedy_identical": result.get("greedy_identical"), "speedup": result.get("speedup")}
 
 
-def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path, *, vllm: bool | str = "auto",
-                      offline: bool = False, benchmark: str = "mtbench", num_prompts: int = 80, turns: int = 1,
-                      max_tokens: int = 128, k: int = 3, concurrency: int = 8, baseline: bool = False,
-                      offline_prompts: int = 10) -> dict[str, Any]:
+def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path, *, vllm: bool | str = _D.vllm,
+                      offline: bool = _D.offline, benchmark: str = _D.benchmark, num_prompts: int = _D.num_prompts,
+                      turns: int = _D.turns, max_tokens: int = _D.max_tokens, k: int = _D.k,
+                      concurrency: int = _D.concurrency, baseline: bool = _D.baseline,
+                      offline_prompts: int = _D.offline_prompts) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
     results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}

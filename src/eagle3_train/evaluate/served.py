@@ -6,8 +6,8 @@ mean acceptance length = 1 + accepted / drafts and per-position acceptance = acc
 With a baseline server (same verifier, no draft) it also measures the speed-up and compares the greedy outputs,
 which must be identical: speculative decoding must not change what the verifier generates.
 
-Python API: `evaluate_served(base_url, model, prompts, ...) -> dict` (with `completions`);
-`add_served_arguments(parser)` / `run_served(args)` for the `evaluate` CLI's served mode.
+Python API: `evaluate_served(base_url or [urls], model, prompts, ...) -> dict` (with `completions`);
+`add_served_arguments(parser)` / `run_served(ServedEvalSettings)` for the `evaluate` CLI's served mode.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from typing import Any
 from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.generate.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
+from eagle3_train.settings import GenerateSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
+from eagle3_train.utils.settings import add_settings_arguments
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,9 @@ def fetch_metrics(base_url: str, timeout: float = 30.0) -> str:
         raise Eagle3InputError(f"cannot read Prometheus metrics at {url}: {e} (is it a vLLM server?)") from None
 
 
-async def _run_prompts(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int,
-                       api_key: str, timeout_s: float, desc: str) -> tuple[list[dict], float]:
-    pool = ChatPool([base_url], model, api_key=api_key, timeout_s=timeout_s)
+async def _run_prompts(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_tokens: int,
+                       concurrency: int, api_key: str, timeout_s: float, desc: str) -> tuple[list[dict], float]:
+    pool = ChatPool(base_urls, model, api_key=api_key, timeout_s=timeout_s)
     results: list[dict | None] = [None] * len(prompts)
     sem = asyncio.Semaphore(concurrency)
     bar = progress(total=len(prompts), desc=desc, unit="prompt")
@@ -92,13 +94,19 @@ def _throughput(completions: list[dict], wall: float) -> dict[str, Any]:
             "errors": sum("error" in c for c in completions)}
 
 
-def _measure(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int, api_key: str,
-             timeout_s: float, desc: str) -> tuple[dict, list[dict]]:
-    before = spec_decode_counters(parse_prometheus(fetch_metrics(base_url)))
-    completions, wall = asyncio.run(_run_prompts(base_url, model, prompts, max_tokens, concurrency, api_key,
+def _counters(base_urls: list[str]):
+    """The spec-decode counters summed over the servers (each server's counters cover only its own requests)."""
+    return spec_decode_counters([s for url in base_urls for s in parse_prometheus(fetch_metrics(url))])
+
+
+def _measure(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int,
+             api_key: str, timeout_s: float, desc: str) -> tuple[dict, list[dict]]:
+    before = _counters(base_urls)
+    completions, wall = asyncio.run(_run_prompts(base_urls, model, prompts, max_tokens, concurrency, api_key,
                                                  timeout_s, desc))
-    after = spec_decode_counters(parse_prometheus(fetch_metrics(base_url)))
-    stats = {"endpoint": base_url, "model": model, **_throughput(completions, wall)}
+    after = _counters(base_urls)
+    stats = {"endpoint": base_urls[0] if len(base_urls) == 1 else base_urls, "model": model,
+             **_throughput(completions, wall)}
     diff = after.since(before)
     stats["speculative"] = diff.present
     stats["spec_decode_metric_names"] = diff.metric_names
@@ -106,11 +114,14 @@ def _measure(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: i
     return stats, completions
 
 
-def evaluate_served(base_url: str, model: str, prompts: list[EvalPrompt], max_tokens: int = 128,
-                    concurrency: int = 8, baseline_url: str | None = None, baseline_model: str | None = None,
-                    api_key: str = "EMPTY", timeout_s: float = 600.0) -> dict[str, Any]:
+def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPrompt],
+                    max_tokens: int = ServedEvalSettings.max_tokens, concurrency: int = ServedEvalSettings.concurrency,
+                    baseline_url: str | None = None, baseline_model: str | None = None, api_key: str = "EMPTY",
+                    timeout_s: float = GenerateSettings.timeout_s) -> dict[str, Any]:
     """Acceptance and throughput of a speculative vLLM server (and optionally of a baseline without a draft).
 
+    `base_url` may list several servers of the same verifier + draft: the prompts are spread over them and their
+    counters summed.
     The counters are server-wide: run nothing else against the server meanwhile. The baseline is measured after
     the speculative run, not at the same time, so the two do not share the CPU/GPU.
     Returns a dict with `acceptance` (None when the server has no spec-decode counters), throughput, `baseline`,
@@ -120,9 +131,10 @@ def evaluate_served(base_url: str, model: str, prompts: list[EvalPrompt], max_to
         raise Eagle3InputError("no prompts to evaluate")
     if concurrency < 1:
         raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
-    stats, completions = _measure(base_url, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served")
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    stats, completions = _measure(urls, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served")
     if not stats["speculative"]:
-        log.warning("%s exposes no vllm:spec_decode_* counters: is it started with a draft?", base_url)
+        log.warning("%s exposes no vllm:spec_decode_* counters: is it started with a draft?", ", ".join(urls))
     result: dict[str, Any] = {"mode": "served", "n_prompts": len(prompts), "max_tokens": max_tokens,
                               "concurrency": concurrency, "temperature": 0.0,
                               "benchmarks": sorted({p.benchmark for p in prompts}), **stats}
@@ -132,7 +144,7 @@ def evaluate_served(base_url: str, model: str, prompts: list[EvalPrompt], max_to
                  [round(x, 3) for x in a["per_position_acceptance"] or []])
     result["completions"] = completions
     if baseline_url:
-        base_stats, base_completions = _measure(baseline_url, baseline_model or model, prompts, max_tokens,
+        base_stats, base_completions = _measure([baseline_url], baseline_model or model, prompts, max_tokens,
                                                 concurrency, api_key, timeout_s, "baseline")
         base_stats.pop("acceptance", None)
         result["baseline"] = base_stats
@@ -147,31 +159,8 @@ def evaluate_served(base_url: str, model: str, prompts: list[EvalPrompt], max_to
 
 
 # --- CLI wiring for `eagle3-train evaluate` (served mode) -----------------------------------------------------
-def _add(parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
-    """Add an option unless the evaluate CLI already defines it (shared options such as --draft, --out)."""
-    if any(f in parser._option_string_actions for f in flags):
-        return
-    parser.add_argument(*flags, **kw)
-
-
 def add_served_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of served evaluation. Either --endpoint (a running server with the draft) or --draft (a vLLM server
-    is started for --verifier with that draft; --baseline also starts one without it)."""
-    _add(parser, "--endpoint", help="OpenAI base URL of a running vLLM server with the draft (…/v1)")
-    _add(parser, "--model", help="served model name (default: the verifier path / the only model served)")
-    _add(parser, "--baseline-endpoint", help="base URL of the same verifier served WITHOUT a draft")
-    _add(parser, "--baseline", action="store_true", help="start a baseline server without the draft too")
-    _add(parser, "--verifier", default="smollm2-135m-instruct", help="verifier name or dir (servers started here)")
-    _add(parser, "--draft", help="exported draft dir (Format A) to serve with the verifier")
-    _add(parser, "-k", "--num-speculative-tokens", type=int, default=3, help="draft chain length (default 3)")
-    _add(parser, "--enforce-eager", action="store_true", help="start servers without torch.compile")
-    _add(parser, "--max-model-len", type=int, default=2048)
-    _add(parser, "--prompts", default="mt-bench", help="mt-bench, humaneval, or a .jsonl/.txt file")
-    _add(parser, "--turns", type=int, help="keep at most this many turns per prompt (MT-bench has 2)")
-    _add(parser, "--limit", type=int, help="first N prompts")
-    _add(parser, "--max-tokens", type=int, default=128, help="new tokens per turn (default 128)")
-    _add(parser, "--concurrency", type=int, default=8)
-    _add(parser, "--out", help="output dir: results.json and served_completions.jsonl")
+    add_settings_arguments(parser, ServedEvalSettings)
 
 
 def _served_model(base_url: str) -> str:
@@ -182,17 +171,17 @@ def _served_model(base_url: str) -> str:
     return models[0]
 
 
-def run_served(args: argparse.Namespace) -> dict[str, Any]:
+def run_served(s: ServedEvalSettings) -> dict[str, Any]:
     quiet_http_logs()
-    if args.out:  # refuse a foreign directory before any server starts
-        claim_output_dir(args.out, "evaluation output directory",
+    if s.out:  # refuse a foreign directory before any server starts
+        claim_output_dir(s.out, "evaluation output directory",
                          has_file("results.json", "served_completions.jsonl", "vllm-draft.log", "vllm-baseline.log"))
-    prompts = load_prompts(args.prompts, limit=args.limit, turns=args.turns)
+    prompts = load_prompts(s.benchmark, limit=s.num_prompts, turns=s.turns)
     with ExitStack() as stack:
-        endpoint, baseline = args.endpoint, args.baseline_endpoint
+        endpoints, baseline = list(s.endpoint), s.baseline_endpoint
         servers: dict[str, Any] = {}
-        if not endpoint:
-            if not args.draft:
+        if not endpoints:
+            if not s.draft:
                 raise Eagle3InputError("served evaluation needs --endpoint URL (a running server with the draft) "
                                        "or --draft DIR (a server is started for --verifier)")
             from eagle3_train.assets.verifier import resolve_verifier
@@ -201,26 +190,26 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
             ok, msg = vllm_available()
             if not ok:
                 raise Eagle3InputError(msg)
-            verifier = resolve_verifier(args.verifier)
-            logs = Path(args.out) if args.out else None
+            verifier = resolve_verifier(s.verifier)
+            logs = Path(s.out) if s.out else None
             spec = stack.enter_context(VLLMServer(
-                verifier, speculative=speculative_config(args.draft, args.num_speculative_tokens),
-                enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
+                verifier, speculative=speculative_config(s.draft, s.k),
+                enforce_eager=s.enforce_eager, max_model_len=s.max_model_len,
                 log_path=logs / "vllm-draft.log" if logs else None))
-            endpoint, servers["draft"] = spec.base_url, {"startup_s": spec.startup_s, "log": str(spec.log_path)}
-            if args.baseline and not baseline:
-                base = stack.enter_context(VLLMServer(verifier, enforce_eager=args.enforce_eager,
-                                                      max_model_len=args.max_model_len,
+            endpoints, servers["draft"] = [spec.base_url], {"startup_s": spec.startup_s, "log": str(spec.log_path)}
+            if s.baseline and not baseline:
+                base = stack.enter_context(VLLMServer(verifier, enforce_eager=s.enforce_eager,
+                                                      max_model_len=s.max_model_len,
                                                       log_path=logs / "vllm-baseline.log" if logs else None))
                 baseline, servers["baseline"] = base.base_url, {"startup_s": base.startup_s,
                                                                 "log": str(base.log_path)}
-        model = args.model or _served_model(endpoint)
-        result = evaluate_served(endpoint, model, prompts, max_tokens=args.max_tokens, concurrency=args.concurrency,
+        model = s.model or _served_model(endpoints[0])
+        result = evaluate_served(endpoints, model, prompts, max_tokens=s.max_tokens, concurrency=s.concurrency,
                                  baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None)
-    result["draft"] = args.draft
+    result["draft"] = s.draft
     result["servers_started"] = servers
-    if args.out:
-        out = Path(args.out)
+    if s.out:
+        out = Path(s.out)
         out.mkdir(parents=True, exist_ok=True)
         completions = result.pop("completions")
         base_completions = result.pop("baseline_completions", None)

@@ -8,7 +8,7 @@ Python API:
   OpenAI endpoint (`http://127.0.0.1:PORT/v1`), `.model_name` the name to put in requests.
   A speculators-format draft (config with `speculators_config`) can be served alone: `VLLMServer(model=DRAFT_DIR)`;
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
-- `speculative_config(draft_dir, k=3, method="eagle3") -> dict`
+- `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS, method="eagle3") -> dict`
 - `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
 CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]` (until Ctrl-C).
 """
@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.settings import MAX_MODEL_LEN, NUM_SPECULATIVE_TOKENS, ServeSettings
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
     return True, f"vLLM interpreter: {py}"
 
 
-def speculative_config(draft_dir: str | os.PathLike, k: int = 3, method: str = "eagle3") -> dict[str, Any]:
+def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS,
+                       method: str = "eagle3") -> dict[str, Any]:
     """The `--speculative-config` value for a draft directory (chain of k draft tokens)."""
     if k < 1:
         raise Eagle3InputError(f"number of speculative tokens must be >= 1, got {k}")
@@ -89,7 +91,8 @@ class VLLMServer:
     """A vLLM OpenAI API server in a child process group; start/wait on enter, stop on exit."""
 
     def __init__(self, model: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
-                 max_model_len: int = 2048, dtype: str = "float32", served_model_name: str | None = None,
+                 max_model_len: int = MAX_MODEL_LEN, dtype: str = ServeSettings.dtype,
+                 served_model_name: str | None = None,
                  speculative: dict[str, Any] | None = None, enforce_eager: bool = False,
                  python: str | os.PathLike | None = None, log_path: str | os.PathLike | None = None,
                  startup_timeout: float = 900.0, kv_cache_space_gb: int = 2, extra_args: list[str] | None = None,
@@ -222,34 +225,27 @@ class VLLMServer:
 
 # --- CLI: eagle3-train serve ----------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", default="smollm2-135m-instruct",
-                   help="verifier name or HF checkpoint dir (default: the embedded smollm2-135m-instruct)")
-    p.add_argument("--draft", help="EAGLE-3 draft directory (exported); enables speculative decoding")
-    p.add_argument("--draft-only", action="store_true",
-                   help="serve a speculators-format draft alone (vLLM reads the verifier from its config)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="draft chain length (default 3)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--served-model-name", help="model name clients use (default: the model directory)")
-    p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile: faster start, slower decode")
-    p.add_argument("--log", help="server log file (default: a temporary file)")
-    p.add_argument("--startup-timeout", type=float, default=900.0)
+    from eagle3_train.utils.settings import add_settings_arguments
+
+    add_settings_arguments(p, ServeSettings)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.draft_only:
-        if not args.draft:
+    from eagle3_train.utils.settings import settings_from_args
+
+    s = settings_from_args(ServeSettings, args)
+    if s.draft_only:
+        if not s.draft:
             raise Eagle3InputError("--draft-only needs --draft DIR (a speculators-format draft)")
-        model, spec = args.draft, None
+        model, spec = s.draft, None
     else:
         from eagle3_train.assets.verifier import resolve_verifier
-        model = str(resolve_verifier(args.verifier))
-        spec = speculative_config(args.draft, args.num_speculative_tokens) if args.draft else None
-    server = VLLMServer(model, port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
-                        served_model_name=args.served_model_name, speculative=spec, enforce_eager=args.enforce_eager,
-                        log_path=args.log, startup_timeout=args.startup_timeout)
+        model = str(resolve_verifier(s.verifier))
+        spec = speculative_config(s.draft, s.k) if s.draft else None
+    server = VLLMServer(model, port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
+                        served_model_name=s.served_model_name, speculative=spec, enforce_eager=s.enforce_eager,
+                        log_path=s.log, startup_timeout=s.startup_timeout)
+
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
 

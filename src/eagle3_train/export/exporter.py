@@ -1,6 +1,8 @@
 """`eagle3-train export`: write a trained draft in a format vLLM and SGLang load, and validate it by reloading.
 
-Python API: `export(checkpoint, out_dir, fmt="eagle", dtype="bfloat16", speculative_tokens=3) -> dict`.
+Python API: `export(checkpoint, out_dir, fmt=..., dtype=..., speculative_tokens=..., verifier=None,
+include_embed=False, overwrite=False) -> dict` (defaults from `ExportSettings`, docs/CONFIG.md). An existing export
+in `out_dir` made from another checkpoint or with other settings is replaced only with `overwrite`.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +26,14 @@ from eagle3_train.export.layouts import (
 )
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.formats import load_draft_source
-from eagle3_train.train.checkpoint import METADATA, load_draft
+from eagle3_train.settings import ExportFormat, ExportSettings
+from eagle3_train.train.checkpoint import METADATA, WEIGHTS, load_draft
 from eagle3_train.utils.io import Eagle3InputError, atomic_dir, claim_output_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
+from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
-FORMATS = ("eagle", "speculators")
+FORMATS = typing.get_args(ExportFormat)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -91,18 +96,44 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     return err
 
 
-def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtype: str = "bfloat16",
-           speculative_tokens: int = 3, verifier: str | None = None, include_embed: bool = False,
-           target: str | None = None) -> dict[str, Any]:
-    """`target`: an engine (vllm, sglang) that must serve the draft as trained, else nothing is written."""
+_SAME_EXPORT_KEYS = ("format", "dtype", "speculative_tokens", "includes_embed_tokens", "source_checkpoint",
+                     "source_weights_sha256")
+
+
+def _check_replace(out: Path, record: dict[str, Any]) -> None:
+    """Refuse to replace an existing export made from another checkpoint or with other settings (--overwrite)."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    old = out / METADATA
+    prev = (read_json(old, "export metadata").get("export") or {}) if old.is_file() else {}
+    differs = [k for k in _SAME_EXPORT_KEYS if prev.get(k) != record.get(k)]
+    if differs:
+        raise Eagle3InputError(f"{out} already holds " + (f"an export with other {', '.join(differs)}" if prev else
+                                                           "something that is not an export of this checkpoint")
+                               + "; pass --overwrite to replace it, or choose another --out")
+
+
+_D = ExportSettings  # keyword defaults below are the settings dataclass's
+
+
+def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dtype: str = _D.dtype,
+           speculative_tokens: int = _D.speculative_tokens, verifier: str | None = _D.verifier,
+           include_embed: bool = _D.include_embed, overwrite: bool = _D.overwrite,
+           engine: str | None = _D.engine) -> dict[str, Any]:
+    """`engine`: one that must serve the draft as trained (vllm, sglang), else nothing is written."""
     if fmt not in FORMATS:
         raise Eagle3InputError(f"--format must be one of {FORMATS}, got '{fmt}'")
-    if target is not None and target not in ENGINES:
-        raise Eagle3InputError(f"--for must be one of {ENGINES}, got '{target}'")
+    if engine is not None and engine not in ENGINES:
+        raise Eagle3InputError(f"--for must be one of {ENGINES}, got '{engine}'")
     if dtype not in DTYPES:
-        raise Eagle3InputError(f"--dtype must be one of {list(DTYPES)}, got '{dtype}'")
+        raise Eagle3InputError(f"--weight-dtype must be one of {list(DTYPES)}, got '{dtype}'")
     ckpt_dir = resolve_checkpoint(checkpoint)
-    out = claim_output_dir(out_dir, "export directory", is_export_dir)  # before any work
+    out = claim_output_dir(out_dir, "export directory", is_export_dir)  # even with --overwrite: never a foreign dir
+    source = {"format": fmt, "dtype": dtype, "speculative_tokens": speculative_tokens,
+              "includes_embed_tokens": include_embed, "source_checkpoint": str(ckpt_dir),
+              "source_weights_sha256": sha256_file(ckpt_dir / WEIGHTS) if (ckpt_dir / WEIGHTS).is_file() else None}
+    if not overwrite:
+        _check_replace(out, source)
     model = load_draft(ckpt_dir)
     cfg = model.config
     metadata = read_json(ckpt_dir / METADATA, "training metadata") if (ckpt_dir / METADATA).is_file() else {}
@@ -125,8 +156,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         with torch.no_grad():
             model.embed_tokens.weight.copy_(embed)
     engines = engine_support(cfg, fmt)
-    if target:
-        check_target(engines, target)
+    if engine:
+        check_target(engines, engine)
     for engine, verdict in engines.items():
         if not verdict["serves_as_trained"]:
             log.warning("%s would serve this draft wrong: %s", engine, "; ".join(verdict["reasons"]))
@@ -140,10 +171,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtyp
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         err = check_roundtrip(model, tmp, torch_dtype)
-        record = {"format": fmt, "dtype": dtype, "source_checkpoint": str(ckpt_dir), "time": now_iso(),
-                  "speculative_tokens": speculative_tokens, "max_logit_error_after_reload": err,
-                  "weights_sha256": sha256_file(tmp / "model.safetensors"), "includes_embed_tokens": include_embed,
-                  "engines": engines}
+        record = {**source, "time": now_iso(), "max_logit_error_after_reload": err,
+                  "weights_sha256": sha256_file(tmp / "model.safetensors"), "engines": engines}
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
@@ -165,19 +194,12 @@ def serve_command(out: Path, fmt: str, verifier: str | None, k: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="training run dir (uses final/) or a checkpoint dir")
-    p.add_argument("--out", required=True)
-    p.add_argument("--format", default="eagle", choices=FORMATS)
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
-    p.add_argument("-k", "--speculative-tokens", type=int, default=3)
-    p.add_argument("--verifier", help="verifier name/path recorded in a speculators export (default: from metadata)")
-    p.add_argument("--include-embed", action="store_true", help="also store the verifier's embedding")
-    p.add_argument("--for", dest="target", choices=ENGINES,
-                   help="refuse to export a draft this engine would serve differently from how it was trained")
+    add_settings_arguments(p, ExportSettings)
 
 
 def main(args: argparse.Namespace) -> int:
-    r = export(args.checkpoint, args.out, args.format, args.dtype, args.speculative_tokens, args.verifier,
-               args.include_embed, target=args.target)
+    s = settings_from_args(ExportSettings, args)
+    r = export(s.checkpoint, s.out, s.format, s.dtype, s.speculative_tokens, s.verifier, s.include_embed,
+               overwrite=s.overwrite, engine=s.engine)
     print(json.dumps(r, indent=2))
     return 0

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.settings import GenerateSettings
 from eagle3_train.utils.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,6 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
         source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns)))
     out_dir.mkdir(parents=True, exist_ok=True)
     with VLLMServer(verifier_dir, enforce_eager=True, log_path=out_dir / "vllm.log",
-                    max_model_len=int(s.pop("max_model_len", 2048))) as server:
+                    max_model_len=int(s.pop("max_model_len", GenerateSettings.max_model_len))) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}

@@ -18,7 +18,8 @@ scheduling or resumption.
 
 Python API: `regenerate(source, out_dir, endpoints, model, ...) -> dict` (the manifest).
 CLI: `eagle3-train generate --data sharegpt --endpoint http://127.0.0.1:8000/v1 --model NAME --out DIR --limit N
---concurrency 8 --max-tokens 512 --temperature 0` or `--serve-verifier smollm2-135m-instruct` to start vLLM itself.
+--concurrency N --max-tokens N --temperature T` or `--serve-verifier smollm2-135m-instruct` to start vLLM itself
+(every flag: docs/CONFIG.md, defaults from `GenerateSettings`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import os
 import re
 import time
+import typing
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,26 +46,31 @@ from eagle3_train.generate.client import (
     RequestRejected,
     quiet_http_logs,
 )
+from eagle3_train.settings import GenerateSettings, Reasoning
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, read_json, stage_manifest, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
 OUTPUT_FILE = "conversations.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
 MANIFEST_FILE = "manifest.json"
-REASONING_MODES = ("keep", "strip", "disable")
+REASONING_MODES = typing.get_args(Reasoning)
 _THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+
+_D = GenerateSettings  # keyword defaults below are the settings dataclass's
 
 
 @dataclass
 class Sampling:
-    max_tokens: int = 512
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    reasoning: str = "keep"  # keep (as reasoning_content), strip, or disable (enable_thinking=false)
+    max_tokens: int = _D.max_tokens
+    temperature: float = _D.temperature
+    top_p: float = _D.top_p
+    seed: int | None = _D.seed
+    reasoning: str = _D.reasoning  # keep (as reasoning_content), strip, or disable (enable_thinking=false)
 
 
 @dataclass
@@ -236,11 +243,15 @@ def _count_source(source: str | Path, limit: int | None) -> tuple[int, str]:
 
 
 def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], model: str | None, *,
-               limit: int | None = None, concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,
-               top_p: float = 1.0, seed: int | None = None, reasoning: str = "keep", timeout_s: float = 600.0,
-               max_retries: int = 6, api_key: str = "EMPTY", overwrite: bool = False,
+               limit: int | None = _D.limit, concurrency: int = _D.concurrency, max_tokens: int = _D.max_tokens,
+               temperature: float = _D.temperature, top_p: float = _D.top_p, seed: int | None = _D.seed,
+               reasoning: str = _D.reasoning, timeout_s: float = _D.timeout_s, max_retries: int = _D.max_retries,
+               api_key: str | None = _D.api_key, overwrite: bool = _D.overwrite,
                extra_manifest: dict | None = None) -> dict:
-    """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest."""
+    """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest.
+
+    `api_key` None: $OPENAI_API_KEY, else "EMPTY" (what vLLM accepts without --api-key)."""
+    api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     if concurrency < 1:
@@ -391,39 +402,18 @@ async def _work(pool: ChatPool, conversations: Any, skip: set[str], sampling: Sa
 
 # --- CLI ------------------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="conversations: 'sharegpt', a .json/.jsonl file or a data dir")
-    p.add_argument("--out", required=True, help="output directory (conversations.jsonl, manifest.json)")
-    p.add_argument("--endpoint", action="append", default=[],
-                   help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (repeat to spread the load)")
-    p.add_argument("--model", help="served model name (default: the only model the endpoint serves)")
-    p.add_argument("--limit", type=int, help="use the first N conversations of the source")
-    p.add_argument("--concurrency", type=int, default=8, help="conversations in flight (default 8)")
-    p.add_argument("--max-tokens", type=int, default=512, help="max new tokens per assistant turn (default 512)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, help="base seed; each request gets one derived from (seed, id, turn)")
-    p.add_argument("--reasoning", choices=REASONING_MODES, default="keep",
-                   help="reasoning text: keep as reasoning_content, strip it, or disable thinking in the template")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
-    p.add_argument("--max-retries", type=int, default=6, help="retries on connection errors, 429 and 5xx")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
-    p.add_argument("--overwrite", action="store_true", help="discard an existing output in --out and start over")
-    g = p.add_argument_group("embedded vLLM server")
-    g.add_argument("--serve-verifier", metavar="NAME_OR_DIR",
-                   help="start a vLLM server for this verifier (e.g. smollm2-135m-instruct) and use it")
-    g.add_argument("--serve-max-model-len", type=int, default=2048)
-    g.add_argument("--serve-enforce-eager", action="store_true", help="faster start-up, slower generation")
+    add_settings_arguments(p, GenerateSettings)
 
 
 def main(args: argparse.Namespace) -> int:
     quiet_http_logs()
-    endpoints = list(args.endpoint)
-    kwargs = dict(limit=args.limit, concurrency=args.concurrency, max_tokens=args.max_tokens,
-                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, reasoning=args.reasoning,
-                  timeout_s=args.timeout, max_retries=args.max_retries, api_key=args.api_key,
-                  overwrite=args.overwrite)
-    if not args.serve_verifier:
-        regenerate(args.data, args.out, endpoints, args.model, **kwargs)
+    s = settings_from_args(GenerateSettings, args)
+    endpoints = list(s.endpoint)
+    kwargs = dict(limit=s.limit, concurrency=s.concurrency, max_tokens=s.max_tokens, temperature=s.temperature,
+                  top_p=s.top_p, seed=s.seed, reasoning=s.reasoning, timeout_s=s.timeout_s,
+                  max_retries=s.max_retries, api_key=s.api_key, overwrite=s.overwrite)
+    if not s.serve_verifier:
+        regenerate(s.data, s.out, endpoints, s.model, **kwargs)
         return 0
     from eagle3_train.assets.verifier import resolve_verifier
     from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
@@ -431,12 +421,12 @@ def main(args: argparse.Namespace) -> int:
     ok, msg = vllm_available()
     if not ok:
         raise Eagle3InputError(f"--serve-verifier needs vLLM: {msg}")
-    name = args.model or Path(str(args.serve_verifier)).name
-    server = VLLMServer(resolve_verifier(args.serve_verifier), served_model_name=name,
-                        max_model_len=args.serve_max_model_len, enforce_eager=args.serve_enforce_eager,
-                        log_path=Path(args.out) / "vllm.log")
+    name = s.model or Path(str(s.serve_verifier)).name
+    server = VLLMServer(resolve_verifier(s.serve_verifier), served_model_name=name,
+                        max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager,
+                        log_path=Path(s.out) / "vllm.log")
     with server:
-        regenerate(args.data, args.out, endpoints + [server.base_url], name,
-                   extra_manifest={"embedded_server": {"verifier": str(args.serve_verifier),
+        regenerate(s.data, s.out, endpoints + [server.base_url], name,
+                   extra_manifest={"embedded_server": {"verifier": str(s.serve_verifier),
                                                        "startup_s": round(server.startup_s or 0, 1)}}, **kwargs)
     return 0

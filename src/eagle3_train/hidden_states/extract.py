@@ -1,9 +1,9 @@
 """Extract stage: run the verifier over the prepared samples and store its aux and final hidden states.
 
 Python API: `extract(prepared_dir, verifier, out_dir, ...) -> dict` (the manifest).
-CLI: `eagle3-train extract --prepared DIR --verifier NAME_OR_DIR --out DIR [--layer-ids 2,15,27] [--dtype bfloat16]
-[--compute-dtype float32] [--token-budget 8192] [--shard-tokens N] [--device auto|cpu|cuda] [--max-samples N]
-[--splits train,validation] [--overwrite]`.
+CLI: `eagle3-train extract --prepared DIR --verifier NAME_OR_DIR --out DIR [--layer-ids 2,15,27] [--store-dtype D]
+[--compute-dtype D] [--token-budget N] [--shard-tokens N] [--device auto|cpu|cuda] [--max-samples N]
+[--splits train,validation] [--overwrite]` (defaults: `ExtractSettings`, docs/CONFIG.md).
 
 Output (docs/ARCHITECTURE.md): `OUT/{split}/shard-NNNNN.safetensors` with `aux` [N, 3H], `final` [N, H],
 `sample_index` [n], `offsets` [n+1]; `OUT/{split}/index.json`; `OUT/manifest.json`.
@@ -23,24 +23,26 @@ import resource
 import shutil
 import sys
 import time
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+from eagle3_train.settings import Dtype, ExtractSettings
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = typing.get_args(Dtype)
 FORMAT = "eagle3-train-hidden-states"
 FORMAT_VERSION = 1
-DEFAULT_TOKEN_BUDGET = 8192
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
 DISK_MARGIN_ENV = "EAGLE3_TRAIN_DISK_MARGIN_BYTES"
 DEFAULT_DISK_MARGIN = 2**30  # free space left over after the estimate, for index files and other jobs
@@ -300,11 +302,15 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
             "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest}
 
 
+_D = ExtractSettings  # keyword defaults below are the settings dataclass's
+
+
 def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
-            layer_ids: Sequence[int] | str | None = None, dtype: str = "bfloat16", device: str | None = None,
-            token_budget: int = DEFAULT_TOKEN_BUDGET, shard_tokens: int | None = None,
-            splits: Sequence[str] = ("train", "validation"), max_samples: int | None = None,
-            compute_dtype: str | None = None, overwrite: bool = False, disk_margin: int | None = None) -> dict:
+            layer_ids: Sequence[int] | str | None = _D.layer_ids, dtype: str = _D.dtype, device: str | None = _D.device,
+            token_budget: int = _D.token_budget, shard_tokens: int | None = _D.shard_tokens,
+            splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
+            compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
+            disk_margin: int | None = None) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -314,7 +320,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
     from transformers import AutoConfig, AutoModelForCausalLM
 
     out_dir, prepared_dir = Path(out_dir), Path(prepared_dir)
-    splits = tuple(splits)
+    splits = tuple(_D().splits if splits is None else splits)
     if not splits:
         raise Eagle3InputError("no splits to extract")
     if token_budget < 1:
@@ -511,31 +517,16 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepared", required=True, help="output directory of `eagle3-train prepare`")
-    p.add_argument("--verifier", default=DEFAULT_VERIFIER, help="embedded name, HF checkpoint dir, .gguf or hub id")
-    p.add_argument("--out", required=True, help="directory for the hidden-state shards (rerun to resume)")
-    p.add_argument("--layer-ids", help="three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); "
-                                       "default 2,L//2,L-3")
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="storage dtype (default bfloat16)")
-    p.add_argument("--compute-dtype", choices=DTYPES,
-                   help="dtype the verifier runs in (default float32 on CPU, bfloat16 on CUDA)")
-    p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET,
-                   help="max padded tokens (batch x longest) per forward pass (default %(default)s)")
-    p.add_argument("--shard-tokens", type=int, help="tokens per shard file (default: about 256 MiB per shard)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda[:N]")
-    p.add_argument("--splits", default="train,validation", help="comma-separated splits (default %(default)s)")
-    p.add_argument("--max-samples", type=int, help="only the first N samples of each split")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace hidden states in --out that were made with other settings")
+    add_settings_arguments(p, ExtractSettings)
 
 
 def main(args: argparse.Namespace) -> int:
-    manifest = extract(args.prepared, args.verifier, args.out, layer_ids=args.layer_ids, dtype=args.dtype,
-                       device=args.device, token_budget=args.token_budget, shard_tokens=args.shard_tokens,
-                       splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),
-                       max_samples=args.max_samples, compute_dtype=args.compute_dtype, overwrite=args.overwrite)
+    s = settings_from_args(ExtractSettings, args)
+    manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
+                       token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
+                       max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite)
     c, tp = manifest["counts"], manifest.get("throughput") or {}
-    print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {args.out} "
+    print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {s.out} "
           f"(layers {manifest['layer_ids']}, {manifest['dtype']}"
           + (f", {tp['tokens_per_s']} tokens/s" if tp.get("tokens_per_s") else "") + ")")
     return 0

@@ -1,68 +1,81 @@
-"""Training settings (one dataclass; YAML section `train`, CLI flags override)."""
+"""Training settings: one dataclass, the YAML section `train`, the flags of `eagle3-train train` and `train()`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from eagle3_train.utils.settings import setting
 
 # What may differ between an interrupted run and its resume: where things live (data identity is checked by hash),
 # how often it logs/saves, and the device. Anything else (lr, epochs, steps, architecture, seed, ...) shapes the
 # result: continuing under other values would silently mix two runs.
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
-    "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard"})
+    "eval_every", "save_every", "keep_last", "resume", "overwrite", "stop_after", "max_eval_batches", "tensorboard"})
 
 
 @dataclass
 class TrainConfig:
-    prepared: str = ""  # prepare's output dir
-    hidden_states: str = ""  # extract's output dir
-    vocab: str = ""  # vocab's output dir (or a vocab.safetensors file)
-    out: str = "runs/train"
-    verifier: str | None = None  # default: the verifier recorded by extract
+    SECTION: ClassVar[str] = "train"
+    prepared: str = setting("", "output directory of `eagle3-train prepare`", yaml=False)
+    hidden_states: str = setting("", "output directory of `eagle3-train extract`", yaml=False)
+    vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
+    out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
+    verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)
     # training-time test
-    ttt_steps: int = 7
-    step_decay: float = 0.8  # step j weighs step_decay**j
+    ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
+                                "predictions")
+    step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j")
     # optimisation
-    epochs: float = 1.0
-    max_steps: int | None = None
-    token_budget: int = 2048  # padded tokens per micro-batch
-    grad_accum: int = 1
-    lr: float = 1e-4
-    warmup_ratio: float = 0.015
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 0.5
-    noise: float = 0.0  # uniform +-noise on the aux features
-    checkpoint_loss: bool = True  # recompute per-step logits in backward (less memory, one extra lm_head matmul)
-    checkpoint_mlp: bool = True  # recompute each step's MLP in backward (less memory, two extra MLP matmuls)
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "auto"  # fp32 | bf16 (autocast, fp32 master weights); auto = bf16 on CUDA, fp32 on CPU
+    epochs: float = setting(1.0, "passes over the training split (fractions allowed)")
+    max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)")
+    token_budget: int = setting(2048, "padded tokens per micro-batch")
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
+    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule)")
+    warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up")
+    min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.95, "AdamW beta2")
+    grad_clip: float = setting(0.5, "gradient norm clip (0: none)")
+    noise: float = setting(0.0, "uniform +-noise added to the aux features")
+    checkpoint_loss: bool = setting(True, "recompute per-step logits in backward (less memory, one extra lm_head "
+                                          "matmul)")
+    checkpoint_mlp: bool = setting(True, "recompute each step's MLP in backward (less memory, two extra MLP "
+                                         "matmuls)")
+    seed: int = setting(0, "seed of initialisation and data order")
+    device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")
+    precision: Literal["auto", "fp32", "bf16"] = setting(
+        "auto", "fp32, or bf16 (autocast, fp32 master weights); auto = bf16 on CUDA, fp32 on CPU")
     # draft architecture
-    num_layers: int = 1
-    intermediate_size: int | None = None
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    lm_head_init: str = "verifier"  # verifier rows of the draft vocab | random
-    freeze_lm_head: bool = False
-    # finetuning (issue: finetune from published drafts)
-    finetune_from: str | None = None
-    finetune_vocab: str = "keep"  # keep | rebuild
-    allow_missing: bool = False
+    num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)")
+    intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)")
+    norm_before_residual: bool = setting(False, "vLLM option: normalise the hidden state before the residual")
+    norm_before_fc: bool = setting(False, "vLLM option: normalise the aux features before fc")
+    fc_norm: bool = setting(False, "vLLM option: normalise after fc")
+    norm_output: bool = setting(False, "vLLM option: normalise the draft's output hidden state")
+    lm_head_init: Literal["verifier", "random"] = setting(
+        "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
+    freeze_lm_head: bool = setting(False, "keep the lm_head fixed")
+    # finetuning
+    finetune_from: str | None = setting(None, "start from a published or earlier draft (dir, export or hub id)")
+    finetune_vocab: Literal["keep", "rebuild"] = setting(
+        "keep", "finetuning: keep the source draft's vocabulary, or use this run's --vocab")
+    allow_missing: bool = setting(False, "finetune even when the source lacks trainable tensors (they start "
+                                         "random)")
     # bookkeeping
-    log_every: int = 10
-    eval_every: int | None = None  # steps; default: end of each epoch
-    save_every: int | None = None  # steps; checkpoints are also written at the end of each epoch
-    keep_last: int = 2
-    resume: bool = False
-    stop_after: int | None = None  # end this invocation after N more optimizer steps (checkpointed; resume later)
-    max_eval_batches: int | None = None
-    tensorboard: bool = True
+    log_every: int = setting(10, "log training metrics every N steps")
+    eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)")
+    save_every: int | None = setting(None, "checkpoint every N steps (also at the end of each epoch)")
+    keep_last: int = setting(2, "step checkpoints kept (best/ and final/ are kept apart)")
+    resume: bool = setting(False, "continue from the latest checkpoint in --out")
+    overwrite: bool = setting(False, "set a finished or different run in --out aside (renamed OUT.previous-TIME) "
+                                     "and start over", yaml=False)
+    stop_after: int | None = setting(None, "end this invocation after N more optimizer steps (checkpointed; "
+                                           "resume later)")
+    max_eval_batches: int | None = setting(None, "validate on at most N batches")
+    tensorboard: bool = setting(True, "write TensorBoard event files in --out")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,11 @@ from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.metadata import build_metadata
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
-from eagle3_train.utils.config import apply_overrides, load_yaml, to_dataclass
+from eagle3_train.utils.config import load_yaml
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
+from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,16 @@ class Trainer:
                 ckpt.save_checkpoint(self.out / "checkpoints" / "best", self.model, None, self.metadata("best"))
             barrier(self.info)
 
+    def _set_aside(self) -> None:
+        """--overwrite: move the run in --out aside (never deleted) so this one starts from an empty directory."""
+        barrier(self.info)  # every rank has seen the old checkpoints before rank 0 moves them
+        if self.info.is_main:
+            aside = self.out.with_name(f"{self.out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
+            self.out.rename(aside)
+            self.out.mkdir(parents=True)
+            log.warning("--overwrite: moved the run in %s to %s", self.out, aside)
+        barrier(self.info)
+
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -308,8 +318,10 @@ class Trainer:
             if not self.resume():
                 log.info("--resume: no checkpoint in %s, starting fresh", self.out)
         elif ckpt.latest_checkpoint(self.out) is not None:
-            raise Eagle3InputError(f"{self.out} already holds checkpoints: pass --resume to continue that run, "
-                                   f"or choose another --out")
+            if not cfg.overwrite:
+                raise Eagle3InputError(f"{self.out} already holds checkpoints: pass --resume to continue that run, "
+                                       f"--overwrite to set it aside and start over, or choose another --out")
+            self._set_aside()
         if self.info.is_main:
             write_json(self.out / "training_metadata.json", self.metadata("running"))
             if cfg.tensorboard:
@@ -396,40 +408,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------------
-_FLAGS = {  # flag -> TrainConfig field, for the most used settings; everything else via --set train.KEY=VALUE
-    "--prepared": "prepared", "--hidden-states": "hidden_states", "--vocab": "vocab", "--out": "out",
-    "--verifier": "verifier", "--ttt-steps": "ttt_steps", "--epochs": "epochs", "--max-steps": "max_steps",
-    "--token-budget": "token_budget", "--grad-accum": "grad_accum", "--lr": "lr", "--seed": "seed",
-    "--device": "device", "--precision": "precision", "--save-every": "save_every", "--eval-every": "eval_every",
-    "--finetune-from": "finetune_from", "--finetune-vocab": "finetune_vocab", "--noise": "noise",
-    "--log-every": "log_every",
-}
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML run config; its `train` section is used")
-    hints = typing.get_type_hints(TrainConfig)
-    for flag, field in _FLAGS.items():
-        hint = str(hints[field])
-        t = int if "int" in hint else float if "float" in hint else str
-        p.add_argument(flag, dest=field, type=t, default=None)
-    p.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint in --out")
-    p.add_argument("--allow-missing", action="store_true", default=None,
-                   help="finetune even when the source lacks trainable tensors (they start random)")
-    p.add_argument("--set", action="append", default=[], metavar="train.KEY=VALUE", help="override any setting")
+    p.add_argument("--config", help="YAML run config; its `train` section is used (flags and --set override it)")
+    add_settings_arguments(p, TrainConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    raw: dict[str, Any] = {}
-    if args.config:
-        raw = load_yaml(args.config)
-    raw = apply_overrides(raw, args.set)
-    values = dict(raw.get("train", {}))
-    for field in list(_FLAGS.values()) + ["resume", "allow_missing"]:
-        v = getattr(args, field, None)
-        if v is not None:
-            values[field] = v
-    return to_dataclass(TrainConfig, values, "train settings")
+    """TrainConfig defaults < the --config file's `train` section < --set KEY=VALUE < flags given."""
+    base = dict(load_yaml(args.config).get("train") or {}) if getattr(args, "config", None) else None
+    return settings_from_args(TrainConfig, args, base)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +42,7 @@ def apply_overrides(config: dict[str, Any], overrides: list[str] | None) -> dict
 
 
 def to_dataclass(cls: type[T], values: dict[str, Any], where: str) -> T:
-    """Build a dataclass, naming unknown keys and the section they came from."""
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise Eagle3InputError(f"unknown key(s) {unknown} in {where}; known: {sorted(names)}")
-    try:
-        return cls(**values)
-    except TypeError as e:
-        raise Eagle3InputError(f"{where}: {e}") from None
+    """Build a settings dataclass, naming an unknown key (with the closest valid one) and the section it came from."""
+    from eagle3_train.utils.settings import build_settings
+
+    return build_settings(cls, values, where)

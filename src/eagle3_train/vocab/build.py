@@ -9,8 +9,9 @@ distinct tokens occur, the unused lowest ids pad the set to exactly `size`. With
 Output: `OUT/vocab.safetensors` (`d2t`, `t2d`) and `OUT/manifest.json` (its sha256, the prepared manifest's sha256,
 coverage at the chosen size and at a few others).
 
-Python API: `build_vocab(prepared_dir, out_dir, size=32000) -> dict` (the manifest), `load_vocab(path) -> (d2t, t2d)`.
-CLI: `eagle3-train vocab --prepared DIR --out DIR [--size 32000]`.
+Python API: `build_vocab(prepared_dir, out_dir, size=..., overwrite=False) -> dict` (the manifest; defaults from
+`VocabSettings`), `load_vocab(path) -> (d2t, t2d)`.
+CLI: `eagle3-train vocab --prepared DIR --out DIR [--size N] [--overwrite]`.
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ import numpy as np
 
 from eagle3_train.data.prepare import load_prepared, verifier_vocab_size
 from eagle3_train.data.split import TRAIN, VALIDATION
+from eagle3_train.settings import VocabSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
     claim_output_dir,
+    read_json,
     sha256_file,
     stage_manifest,
     write_json,
 )
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +88,29 @@ def coverage(counts: np.ndarray, ids: np.ndarray) -> float | None:
     return float(counts[ids].sum() / total) if total else None
 
 
-def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = 32000) -> dict[str, Any]:
-    """Build the draft vocabulary from a prepared directory; returns the manifest written to `out_dir`."""
+def _check_replace(out_dir: Path, prepared_sha: str, size: int) -> None:
+    """Refuse to replace a vocabulary built from other prepared data or for another size (unless --overwrite)."""
+    old = out_dir / "manifest.json"
+    if not old.is_file():
+        if (out_dir / VOCAB_FILE).exists():
+            raise Eagle3InputError(f"{out_dir} holds a {VOCAB_FILE} without manifest.json; pass --overwrite to "
+                                   f"replace it")
+        return
+    m = read_json(old, "vocab manifest")
+    if m.get("stage") != "vocab":
+        raise Eagle3InputError(f"{old} is not a vocab manifest; refusing to replace it (choose another --out)")
+    was = ((m.get("prepared") or {}).get("manifest_sha256"), m.get("requested_size"))
+    if was != (prepared_sha, size):
+        raise Eagle3InputError(f"{out_dir} holds a vocabulary built from other prepared data or with another size "
+                               f"(size {m.get('requested_size')}); pass --overwrite to replace it")
+
+
+def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = VocabSettings.size,
+                overwrite: bool = VocabSettings.overwrite) -> dict[str, Any]:
+    """Build the draft vocabulary from a prepared directory; returns the manifest written to `out_dir`.
+
+    A vocabulary already in `out_dir` made from the same prepared data and size is rebuilt (same result); one made
+    otherwise is replaced only with `overwrite`."""
     import torch
     from safetensors.torch import save_file
 
@@ -95,6 +120,8 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = 32000
     if size < 1:
         raise Eagle3InputError(f"draft vocabulary size must be >= 1, got {size}")
     dd, prep = load_prepared(prepared_dir)
+    if not overwrite:
+        _check_replace(out_dir, sha256_file(prepared_dir / "manifest.json"), size)
     vocab_size = (prep.get("verifier") or {}).get("vocab_size")
     if not isinstance(vocab_size, int):
         vocab_size = verifier_vocab_size(Path(prep["verifier"]["path"]))
@@ -185,18 +212,16 @@ def format_coverage(manifest: dict[str, Any]) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prepared", required=True, help="output directory of `eagle3-train prepare`")
-    p.add_argument("--out", required=True, help="output directory (vocab.safetensors and manifest.json)")
-    p.add_argument("--size", type=int, default=32000, help="draft vocabulary size (default 32000; clipped to the "
-                                                           "verifier's vocabulary)")
+    add_settings_arguments(p, VocabSettings)
 
 
 def main(args: argparse.Namespace) -> int:
-    manifest = build_vocab(args.prepared, args.out, args.size)
+    s = settings_from_args(VocabSettings, args)
+    manifest = build_vocab(s.prepared, s.out, s.size, overwrite=s.overwrite)
     print(f"draft vocabulary: {manifest['size']} tokens of {manifest['verifier_vocab_size']} "
           f"({manifest['distinct_supervised_train_tokens']} distinct supervised train tokens, "
           f"{manifest['padded_with_unused']} padding ids)")
     print("coverage of supervised tokens:")
     print(format_coverage(manifest))
-    print(f"-> {Path(args.out) / VOCAB_FILE}")
+    print(f"-> {Path(s.out) / VOCAB_FILE}")
     return 0

@@ -1,0 +1,276 @@
+"""The settings of every stage, one dataclass each: the single place where a setting's default and meaning live.
+
+Each dataclass is a YAML section of `eagle3-train run` (fields with `yaml=False` are paths the pipeline fills in),
+the flags of the stage's command (`utils.settings.add_settings_arguments`), and the keyword defaults of the stage's
+Python function. docs/CONFIG.md is generated from here (`python -m eagle3_train.utils.settings --markdown`).
+`train`'s settings live in `train/config.py` (TrainConfig); this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from eagle3_train.assets.verifier import DEFAULT_VERIFIER
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.utils.settings import markdown_table, setting
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+Overflow = Literal["truncate", "drop"]
+Reasoning = Literal["keep", "strip", "disable"]
+ReasoningPlacement = Literal["auto", "template", "inline", "drop"]  # see data/reasoning.py
+ExportFormat = Literal["eagle", "speculators"]
+Engine = Literal["vllm", "sglang"]  # serving engines a draft is checked against (export/engines.py)
+
+# Shared by several stages (one value, written once).
+MAX_MODEL_LEN = 2048  # context of the vLLM servers this package starts
+NUM_SPECULATIVE_TOKENS = 3  # draft tokens per speculation round (k)
+MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
+CONCURRENCY = 8  # requests in flight against a server
+VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
+K_FLAGS = {"flag": "-k", "aliases": ("--num-speculative-tokens", "--speculative-tokens")}
+
+
+@dataclass
+class RunSettings:
+    """Top-level keys of a run config."""
+
+    SECTION: ClassVar[str] = "run"
+    run_dir: str = setting("runs/default", "directory of the whole run (every stage's output, summary.json)")
+    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
+
+
+@dataclass
+class PrepareSettings:
+    SECTION: ClassVar[str] = "prepare"
+    data: str = setting("sharegpt", "conversations: 'sharegpt' (embedded), a ShareGPT/OpenAI-messages .json/.jsonl "
+                                    "file, or a `generate` output dir")
+    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP, yaml=False)
+    out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
+    max_length: int = setting(2048, "tokens per sample")
+    overflow: Overflow = setting("truncate", "samples longer than max_length: truncate them, or drop them")
+    limit: int | None = setting(None, "read only the first N conversations of the source", metavar="N")
+    val_fraction: float = setting(0.05, "share of conversations held out for validation")
+    val_count: int | None = setting(None, "exact number of validation conversations (overrides val_fraction)")
+    seed: int = setting(0, "seed of the train/validation split")
+    chat_template: str | None = setting(None, "a .jinja file (or template text) used instead of the tokenizer's "
+                                              "chat template")
+    leading_assistant: Literal["trim", "skip"] = setting(
+        "trim", "conversations starting with an assistant turn: drop those turns, or skip the conversation")
+    reasoning: ReasoningPlacement = setting(
+        "auto", "a thinking model's reasoning_content: through the chat template, inline in <think> tags, dropped, "
+                "or auto (template when it renders reasoning, else inline); supervised like the answer")
+    preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N")
+
+
+@dataclass
+class GenerateSettings:
+    SECTION: ClassVar[str] = "generate"
+    enabled: bool = setting(False, "regenerate the assistant turns with the verifier before `prepare` (on-policy "
+                                   "data; the run fails when the vLLM env is missing, unless allow_fallback)",
+                            cli=False)
+    allow_fallback: bool = setting(False, "train on the original answers when generation cannot run (no vLLM env)",
+                                   cli=False)
+    data: str = setting("sharegpt", "conversations: 'sharegpt', a .json/.jsonl file or a data dir", required=True,
+                        yaml=False)
+    out: str = setting("", "output directory (conversations.jsonl, manifest.json)", required=True, yaml=False)
+    endpoint: list[str] = setting(default_factory=list, help="OpenAI-compatible base URL, e.g. "
+                                  "http://127.0.0.1:8000/v1 (repeat to spread the load)", yaml=False)
+    model: str | None = setting(None, "served model name (default: the only model the endpoint serves)",
+                                yaml=False)
+    limit: int | None = setting(None, "use the first N conversations of the source", metavar="N")
+    max_turns: int | None = setting(None, "keep the first N user turns of each conversation (each turn costs "
+                                          "another generation)", cli=False)
+    concurrency: int = setting(CONCURRENCY, "conversations in flight")
+    max_tokens: int = setting(512, "max new tokens per assistant turn")
+    temperature: float = setting(0.0, "sampling temperature")
+    top_p: float = setting(1.0, "nucleus sampling threshold")
+    seed: int | None = setting(None, "base seed; each request gets one derived from (seed, id, turn)")
+    reasoning: Reasoning = setting("keep", "reasoning text: keep as reasoning_content, strip it, or disable thinking "
+                                           "in the chat template")
+    timeout_s: float = setting(600.0, "per-request timeout in seconds", flag="--timeout", aliases=("--timeout-s",))
+    max_retries: int = setting(6, "retries on connection errors, 429 and 5xx")
+    api_key: str | None = setting(None, "API key of the endpoints (default: $OPENAI_API_KEY, else EMPTY)",
+                                  yaml=False)
+    overwrite: bool = setting(False, "discard an existing output in --out and start over (without it a rerun "
+                                     "resumes, and output made with other settings is refused)", yaml=False)
+    serve_verifier: str | None = setting(None, "start a vLLM server for this verifier (e.g. smollm2-135m-instruct) "
+                                               "and use it", yaml=False, metavar="NAME_OR_DIR")
+    max_model_len: int = setting(MAX_MODEL_LEN, "context length of the vLLM server started here",
+                                 flag="--serve-max-model-len", aliases=("--max-model-len",))
+    serve_enforce_eager: bool = setting(False, "start the server without torch.compile: faster start-up, slower "
+                                               "generation", yaml=False)
+
+
+@dataclass
+class VocabSettings:
+    SECTION: ClassVar[str] = "vocab"
+    prepared: str = setting("", "output directory of `eagle3-train prepare`", required=True, yaml=False)
+    out: str = setting("", "output directory (vocab.safetensors and manifest.json)", required=True, yaml=False)
+    size: int = setting(32000, "draft vocabulary size (clipped to the verifier's vocabulary)")
+    overwrite: bool = setting(False, "replace a vocabulary in --out that was built from other data or another size",
+                              yaml=False)
+
+
+@dataclass
+class ExtractSettings:
+    SECTION: ClassVar[str] = "extract"
+    prepared: str = setting("", "output directory of `eagle3-train prepare`", required=True, yaml=False)
+    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP, yaml=False)
+    out: str = setting("", "directory for the hidden-state shards (rerun to resume)", required=True, yaml=False)
+    layer_ids: str | list[int] | None = setting(
+        None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
+    dtype: Dtype = setting("bfloat16", "storage dtype of the hidden states", flag="--store-dtype",
+                           aliases=("--dtype",))
+    compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default float32 on CPU, bfloat16 on "
+                                                "CUDA)")
+    token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass")
+    shard_tokens: int | None = setting(None, "tokens per shard file (default: about 256 MiB per shard)")
+    device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")
+    splits: list[str] = setting(default_factory=lambda: ["train", "validation"],
+                                help="splits to extract (comma-separated or repeated)", aliases=("--split",))
+    max_samples: int | None = setting(None, "only the first N samples of each split")
+    overwrite: bool = setting(False, "replace hidden states in --out that were made with other settings",
+                              yaml=False)
+
+
+@dataclass
+class ExportSettings:
+    SECTION: ClassVar[str] = "export"
+    checkpoint: str = setting("", "training run dir (uses final/) or a checkpoint dir", positional=True, yaml=False)
+    out: str = setting("", "output directory of the exported draft", required=True, yaml=False)
+    formats: list[ExportFormat] = setting(default_factory=lambda: ["eagle"], help="formats the pipeline exports "
+                                          "(one directory export-FORMAT each)", cli=False)
+    format: ExportFormat = setting("eagle", "eagle (vLLM/SGLang EAGLE-3 config) or speculators (self-describing, "
+                                            "`vllm serve DRAFT`)", yaml=False)
+    dtype: Dtype = setting("bfloat16", "dtype of the exported weights", flag="--weight-dtype", aliases=("--dtype",))
+    speculative_tokens: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per round recorded in the export and "
+                                                              "its serve command", **K_FLAGS)
+    verifier: str | None = setting(None, "verifier name/path recorded in a speculators export (default: from the "
+                                         "training metadata)", yaml=False)
+    include_embed: bool = setting(False, "also store the verifier's embedding in the export")
+    engine: Engine | None = setting(
+        None, "refuse to export a draft this engine would serve differently from how it was trained", flag="--for")
+    overwrite: bool = setting(False, "replace an existing export in --out made from another checkpoint or with "
+                                     "other settings", yaml=False)
+
+
+@dataclass
+class _PromptSettings:
+    """What acceptance is measured on (shared by the evaluate modes)."""
+
+    benchmark: str = setting("mt-bench", "mt-bench, humaneval, or a .jsonl/.txt prompt file",
+                             aliases=("--prompts",))
+    num_prompts: int | None = setting(None, "first N prompts (default all)", aliases=("--limit",), metavar="N")
+    turns: Literal[1, 2] | None = setting(None, "turns per prompt (MT-bench has 2; default all)")
+    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS)
+
+
+@dataclass
+class EvaluateSettings(_PromptSettings):
+    """The pipeline's evaluate stage."""
+
+    SECTION: ClassVar[str] = "evaluate"
+    vllm: bool | Literal["auto"] = setting(False, "measure acceptance on a real vLLM server per export; auto: when "
+                                                  "the vLLM env exists")
+    offline: bool = setting(False, "also run the offline evaluator (HF verifier in this process)")
+    num_prompts: int | None = setting(80, "prompts sent to the vLLM servers")
+    turns: Literal[1, 2] | None = setting(1, "turns per prompt (MT-bench has 2; null: all)")
+    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn")
+    concurrency: int = setting(CONCURRENCY, "requests in flight")
+    baseline: bool = setting(False, "also serve the verifier alone: speed-up and greedy-equality check")
+    offline_prompts: int = setting(10, "prompts for the offline evaluator (the first of the same set)")
+
+
+@dataclass
+class OfflineEvalSettings(_PromptSettings):
+    """`eagle3-train evaluate offline`."""
+
+    SECTION: ClassVar[str] = "evaluate"
+    draft: str = setting("", "training run dir, checkpoint dir, or exported draft (EAGLE or speculators format)",
+                         required=True)
+    verifier: str | None = setting(None, "verifier name or HF dir (default: the one recorded with the draft)")
+    max_new_tokens: int = setting(MAX_TOKENS, "new tokens per turn", flag="--max-tokens",
+                                  aliases=("--max-new-tokens",))
+    prepared: str | None = setting(None, "prepared data dir to test the prompts against (default: the draft's "
+                                         "training metadata data.prepared)")
+    check_greedy: bool = setting(True, "compare token for token with plain greedy decoding (--no-check-greedy is "
+                                       "about 2x faster)")
+    tie_tol: float = setting(1e-3, "logit gap under which a difference from greedy decoding counts as a near-tie")
+    device: str = setting("cpu", "torch device")
+    dtype: Dtype = setting("float32", "dtype the verifier and the draft compute in", flag="--compute-dtype",
+                           aliases=("--dtype",))
+    threads: int | None = setting(None, "torch CPU threads (default: torch's choice; 1 is often fastest for small "
+                                        "verifiers on a shared CPU)")
+    out: str | None = setting(None, "output dir: results.json and acceptance_by_position.png")
+
+
+@dataclass
+class ServedEvalSettings(_PromptSettings):
+    """`eagle3-train evaluate served`: either --endpoint (running servers with the draft) or --draft (a vLLM server
+    is started for --verifier with that draft; --baseline also starts one without it)."""
+
+    SECTION: ClassVar[str] = "evaluate"
+    endpoint: list[str] = setting(default_factory=list, help="OpenAI base URL (…/v1) of a running vLLM server with "
+                                  "the draft (repeat to spread the prompts over several; counters are summed)")
+    model: str | None = setting(None, "served model name (default: the only model served)")
+    baseline_endpoint: str | None = setting(None, "base URL of the same verifier served WITHOUT a draft")
+    baseline: bool = setting(False, "start a baseline server without the draft too")
+    verifier: str = setting(DEFAULT_VERIFIER, "verifier name or dir (for servers started here)")
+    draft: str | None = setting(None, "exported draft dir (EAGLE format) to serve with the verifier")
+    enforce_eager: bool = setting(False, "start servers without torch.compile")
+    max_model_len: int = setting(MAX_MODEL_LEN, "context length of servers started here")
+    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",))
+    concurrency: int = setting(CONCURRENCY, "requests in flight")
+    out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
+
+
+@dataclass
+class ServeSettings:
+    SECTION: ClassVar[str] = "serve"
+    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
+    draft: str | None = setting(None, "EAGLE-3 draft directory (exported); enables speculative decoding")
+    draft_only: bool = setting(False, "serve a speculators-format draft alone (vLLM reads the verifier from its "
+                                      "config)")
+    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS)
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on")
+    max_model_len: int = setting(MAX_MODEL_LEN, "context length")
+    dtype: Dtype = setting("float32", "dtype vLLM runs the models in", flag="--server-dtype", aliases=("--dtype",))
+    served_model_name: str | None = setting(None, "model name clients use (default: the model directory)")
+    enforce_eager: bool = setting(False, "skip torch.compile: faster start, slower decode")
+    log: str | None = setting(None, "server log file (default: a temporary file)")
+    startup_timeout: float = setting(900.0, "seconds to wait for the server to come up")
+
+
+# YAML sections of `eagle3-train run`, in pipeline order.
+SECTIONS: dict[str, type] = {
+    "generate": GenerateSettings, "prepare": PrepareSettings, "vocab": VocabSettings, "extract": ExtractSettings,
+    "train": TrainConfig, "export": ExportSettings, "evaluate": EvaluateSettings}
+# Settings of commands that are no pipeline section.
+COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate served": ServedEvalSettings,
+                             "serve": ServeSettings}
+
+_INTRO = """# Configuration reference
+
+Generated from the settings dataclasses (`src/eagle3_train/settings.py`, `src/eagle3_train/train/config.py`) by
+`python -m eagle3_train.utils.settings --markdown > docs/CONFIG.md`; a test keeps it up to date. Do not edit by hand.
+
+One dataclass per stage is the YAML section of `eagle3-train run --config FILE`, the flags of
+`eagle3-train STAGE` and the keyword defaults of the stage's Python function. Keys in parentheses are set by the
+pipeline itself (paths between stages) and exist only as flags / function arguments. Every stage command takes
+`--set KEY=VALUE` (or `--set STAGE.KEY=VALUE`) for any of its keys; `run` takes `--set SECTION.KEY=VALUE`. Values are
+read as YAML. A mistyped key is an error naming the closest valid key.
+"""
+
+
+def config_reference() -> str:
+    parts = [_INTRO, markdown_table(RunSettings, "Top level", "Keys at the top of a run config.")]
+    for name, cls in SECTIONS.items():
+        command = name != "evaluate"  # the pipeline's evaluate section; the commands are `evaluate offline|served`
+        intro = f"Section `{name}:` of a run config" + (f"; command `eagle3-train {name}`." if command else ".")
+        parts.append(markdown_table(cls, f"`{name}`", intro, flags_shown=command))
+    for name, cls in COMMANDS.items():
+        parts.append(markdown_table(cls, f"`{name}` (command only)", f"Flags of `eagle3-train {name}`."))
+    return "\n".join(parts)
+
