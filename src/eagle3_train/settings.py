@@ -45,7 +45,7 @@ class PrepareSettings:
     SECTION: ClassVar[str] = "prepare"
     data: str = setting("sharegpt", "conversations: 'sharegpt' (embedded), a ShareGPT/OpenAI-messages .json/.jsonl "
                                     "file, or a `generate` output dir")
-    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP, yaml=False)
+    verifier: str = setting("", VERIFIER_HELP + " (its tokenizer and chat template)", required=True, yaml=False)
     out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
     max_length: int = setting(2048, "tokens per sample")
     overflow: Overflow = setting("truncate", "samples longer than max_length: truncate them, or drop them")
@@ -116,7 +116,8 @@ class VocabSettings:
 class ExtractSettings:
     SECTION: ClassVar[str] = "extract"
     prepared: str = setting("", "output directory of `eagle3-train prepare`", required=True, yaml=False)
-    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP, yaml=False)
+    verifier: str | None = setting(None, VERIFIER_HELP + " (default: the one the prepared data was tokenized with)",
+                                   yaml=False)
     out: str = setting("", "directory for the hidden-state shards (rerun to resume)", required=True, yaml=False)
     layer_ids: str | list[int] | None = setting(
         None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
@@ -216,7 +217,8 @@ class ServedEvalSettings(_PromptSettings):
     model: str | None = setting(None, "served model name (default: the only model served)")
     baseline_endpoint: str | None = setting(None, "base URL of the same verifier served WITHOUT a draft")
     baseline: bool = setting(False, "start a baseline server without the draft too")
-    verifier: str = setting(DEFAULT_VERIFIER, "verifier name or dir (for servers started here)")
+    verifier: str | None = setting(None, "verifier name or dir for servers started here (default: the one recorded "
+                                         "with --draft)")
     draft: str | None = setting(None, "exported draft dir (EAGLE format) to serve with the verifier")
     enforce_eager: bool = setting(False, "start servers without torch.compile")
     max_model_len: int = setting(MAX_MODEL_LEN, "context length of servers started here")
@@ -228,7 +230,7 @@ class ServedEvalSettings(_PromptSettings):
 @dataclass
 class ServeSettings:
     SECTION: ClassVar[str] = "serve"
-    verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
+    verifier: str | None = setting(None, VERIFIER_HELP + " (default: the one recorded with --draft)")
     draft: str | None = setting(None, "EAGLE-3 draft directory (exported); enables speculative decoding")
     draft_only: bool = setting(False, "serve a speculators-format draft alone (vLLM reads the verifier from its "
                                       "config)")

@@ -124,6 +124,24 @@ def verifier_identity(path: str | Path, hash_weights: bool = True) -> dict:
     }
 
 
+def recorded_name(record: dict | None) -> str | None:
+    """The verifier a manifest or metadata record names: its local directory when it still exists on this machine,
+    else the name the user gave (embedded name, hub id)."""
+    record = record or {}
+    path, name = record.get("path"), record.get("name")
+    if path and Path(path).is_dir():
+        return str(path)
+    return name or path
+
+
+def required_verifier(verifier: str | None, recorded: str | None, where: str) -> str:
+    """The verifier given, else the recorded one; never a silent demo default (a wrong tokenizer costs a run)."""
+    chosen = verifier or recorded
+    if not chosen:
+        raise Eagle3InputError(f"no verifier recorded with {where}: pass --verifier")
+    return str(chosen)
+
+
 def same_verifier(a: dict, b: dict) -> bool:
     """Two identities denote the same verifier when config and weights match (the path may differ)."""
     if a.get("config_sha256") != b.get("config_sha256"):

@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.verifier import required_verifier
 from eagle3_train.settings import OfflineEvalSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, read_json
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -50,7 +51,9 @@ def recorded_verifier(draft: str | Path) -> str | None:
         pass
     meta = path / "training_metadata.json"
     if meta.is_file():
-        found = (read_json(meta, "training metadata").get("verifier") or {}).get("path")
+        from eagle3_train.assets.verifier import recorded_name
+
+        found = recorded_name(read_json(meta, "training metadata").get("verifier"))
         if found:
             return found
     cfg = path / "config.json"
@@ -72,9 +75,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
         claim_output_dir(s.out, "evaluation output directory", has_file("results.json"))
     if s.threads:
         torch.set_num_threads(s.threads)
-    verifier = s.verifier or recorded_verifier(s.draft)
-    if not verifier:
-        raise Eagle3InputError(f"no verifier recorded with the draft {s.draft}: pass --verifier")
+    verifier = required_verifier(s.verifier, recorded_verifier(s.draft), f"the draft {s.draft}")
     prompts = load_prompts(s.benchmark, limit=s.num_prompts, turns=s.turns)
     results = evaluate_offline(s.draft, verifier, prompts, k=s.k, max_new_tokens=s.max_new_tokens,
                                device=s.device, dtype=getattr(torch, s.dtype), check_greedy=s.check_greedy,

@@ -190,7 +190,11 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
             ok, msg = vllm_available()
             if not ok:
                 raise Eagle3InputError(msg)
-            verifier = resolve_verifier(s.verifier)
+            from eagle3_train.assets.verifier import required_verifier
+            from eagle3_train.evaluate.cli import recorded_verifier
+
+            verifier = resolve_verifier(required_verifier(s.verifier, recorded_verifier(s.draft),
+                                                          f"the draft {s.draft}"))
             logs = Path(s.out) if s.out else None
             spec = stack.enter_context(VLLMServer(
                 verifier, speculative=speculative_config(s.draft, s.k),

@@ -239,8 +239,12 @@ def main(args: argparse.Namespace) -> int:
             raise Eagle3InputError("--draft-only needs --draft DIR (a speculators-format draft)")
         model, spec = s.draft, None
     else:
-        from eagle3_train.assets.verifier import resolve_verifier
-        model = str(resolve_verifier(s.verifier))
+        from eagle3_train.assets.verifier import required_verifier, resolve_verifier
+        from eagle3_train.evaluate.cli import recorded_verifier
+
+        recorded = recorded_verifier(s.draft) if s.draft else None
+        model = str(resolve_verifier(required_verifier(s.verifier, recorded, f"the draft {s.draft}" if s.draft
+                                                       else "`serve` (no --draft)")))
         spec = speculative_config(s.draft, s.k) if s.draft else None
     server = VLLMServer(model, port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
                         served_model_name=s.served_model_name, speculative=spec, enforce_eager=s.enforce_eager,

@@ -30,7 +30,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import (
+    recorded_name,
+    required_verifier,
+    resolve_verifier,
+    same_verifier,
+    verifier_identity,
+)
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractSettings
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
@@ -305,7 +311,7 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
 
 
-def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
+def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str | Path,
             layer_ids: Sequence[int] | str | None = _D.layer_ids, dtype: str = _D.dtype, device: str | None = _D.device,
             token_budget: int = _D.token_budget, shard_tokens: int | None = _D.shard_tokens,
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
@@ -329,6 +335,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
         raise Eagle3InputError(f"max_samples must be >= 1, got {max_samples}")
     store_dtype = _torch_dtype(dtype)
     ds = load_prepared(prepared_dir, splits)
+    if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
+        recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
+        verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
     verifier_path = resolve_verifier(verifier)
     config = AutoConfig.from_pretrained(verifier_path)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
