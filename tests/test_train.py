@@ -30,6 +30,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "final" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_training_learns_and_records_metadata(stages, tmp_path):
     root, _ = stages
     result = train(config(root, tmp_path / "run", epochs=4))
@@ -49,6 +50,7 @@ def test_training_learns_and_records_metadata(stages, tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "best" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(stages, tmp_path):
     root, _ = stages
     straight = tmp_path / "straight"
@@ -70,6 +72,7 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicated or missing log lines
 
 
+@pytest.mark.slow
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
     root, _ = stages
@@ -81,6 +84,7 @@ def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     assert kept["train"]["loss"] == pytest.approx(recomputed["train"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
     root, _ = stages
     single = tmp_path / "single"
