@@ -105,6 +105,7 @@ def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+@pytest.mark.slow
 def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
     root, verifier = stages
     prepare("sharegpt", verifier, tmp_path / "other", max_length=128, limit=5, seed=1)
@@ -112,6 +113,7 @@ def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
         train(config(root, tmp_path / "run", prepared=str(tmp_path / "other"), max_steps=1))
 
 
+@pytest.mark.slow
 def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
     root, _ = stages
     other = tiny_llama_dir(initializer_range=0.5, num_hidden_layers=6)
