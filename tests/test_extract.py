@@ -151,6 +151,7 @@ def test_float32_matches_independent_forward_with_padding(fp32_run, mixed_prepar
     assert_matches_reference(out, mixed_prepared, tiny_llama, (0, 2, 3), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_float32_exact_when_unpadded(tmp_path, tiny_llama, mixed_prepared):
     out = tmp_path / "hs"
     extract(mixed_prepared, tiny_llama, out, layer_ids="0,1,3", dtype="float32", device="cpu", token_budget=1)
@@ -300,6 +301,7 @@ def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_
     assert not out.exists(), "nothing may be written before the disk check"
 
 
+@pytest.mark.slow
 def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_prepared):
     out = tmp_path / "hs"
     kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)

@@ -92,7 +92,8 @@ def write_layout(layout: str, ref: Eagle3Draft, embed: torch.Tensor, tmp):
 
 
 @pytest.mark.parametrize("layout", ["eagle_original", "specforge", "speculators", "sharded", "single_file",
-                                    "ours_run", "export_eagle", "export_speculators"])
+                                    "ours_run", pytest.param("export_eagle", marks=pytest.mark.slow),
+                                    pytest.param("export_speculators", marks=pytest.mark.slow)])
 def test_every_layout_loads_to_the_same_network(layout, ref, ref_logits, head, inputs, tmp_path):
     source, fmt = write_layout(layout, ref, head[0], tmp_path)
     model, record = finetune_model(train_config(source), inputs)
@@ -138,6 +139,7 @@ EAGLE31 = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "export_fmt"), list(zip(EAGLE31, ["speculators", "eagle", "speculators"])),
                          ids=["norm_before_fc+norm_output", "fc_norm", "two_layers"])
 def test_eagle31_speculators_draft_finetunes_and_exports_unchanged(flags, export_fmt, head, vocab_a, inputs,

@@ -150,6 +150,7 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_generate_survives_kill_9_and_resumes_without_duplicates_or_gaps(servers, tmp_path):
     plain, spec = servers
@@ -241,6 +242,7 @@ def test_generate_survives_kill_9_and_resumes_without_duplicates_or_gaps(servers
         regenerate(src, out, [plain.base_url], MODEL, max_tokens=24, temperature=0.7)
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_wrong_model_name_stops_the_run_clearly(servers, tmp_path):
     plain, _ = servers
@@ -256,6 +258,7 @@ def test_wrong_model_name_stops_the_run_clearly(servers, tmp_path):
     assert not (tmp_path / "gen" / "conversations.jsonl").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_generate_reasoning_modes_and_sampling(servers, tmp_path):
     """Sampling with a seed is reproducible; `disable` sends enable_thinking=false, which plain templates ignore."""

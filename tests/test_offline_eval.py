@@ -241,6 +241,7 @@ def test_draft_proposals_match_a_from_scratch_draft_run(tiny, tmp_path):
     assert len(set(proposals)) > n_rounds // 2  # the draft reacts to its inputs
 
 
+@pytest.mark.slow
 def test_exported_drafts_decode_like_the_checkpoint(tiny_llama_dir, tmp_path):
     """EAGLE and speculators exports (float32) propose exactly what the checkpoint proposes; default taps come
     back from the export as the verifier's default layers."""

@@ -13,6 +13,7 @@ from eagle3_train.pipeline import Pipeline
 from eagle3_train.utils.io import Eagle3InputError
 
 
+@pytest.mark.slow
 def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
     verifier = tiny_llama_dir(initializer_range=0.5)
     config = {

@@ -162,6 +162,7 @@ def split_ids(out: Path) -> dict[str, set[str]]:
     return {s: set(dd[s]["id"]) for s in dd}
 
 
+@pytest.mark.slow
 def test_split_by_conversation_deterministic_and_stable(tmp_path, verifier):
     src = write_records(tmp_path / "many.json", many_records(60))
     prepare(src, verifier, tmp_path / "a", val_fraction=0.25, seed=0)

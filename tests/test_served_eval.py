@@ -39,6 +39,7 @@ def servers(tmp_path_factory):
     return shared_server("plain", root), shared_server("eagle3", root)
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers):
     plain, spec = servers
@@ -64,6 +65,7 @@ def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers
     assert r["baseline"]["speculative"] is False and r["speedup"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_run_served_writes_results(servers, tmp_path):
     plain, spec = servers

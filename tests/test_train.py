@@ -30,6 +30,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "final" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_training_learns_and_records_metadata(stages, tmp_path):
     root, _ = stages
     result = train(config(root, tmp_path / "run", epochs=4))
@@ -49,6 +50,7 @@ def test_training_learns_and_records_metadata(stages, tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "best" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(stages, tmp_path):
     root, _ = stages
     straight = tmp_path / "straight"
@@ -73,6 +75,7 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert again["step"] == 1 and all(torch.equal(a[k], v) for k, v in weights(aside).items())
 
 
+@pytest.mark.slow
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
     root, _ = stages
@@ -84,6 +87,7 @@ def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     assert kept["train"]["loss"] == pytest.approx(recomputed["train"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
     root, _ = stages
     single = tmp_path / "single"
@@ -104,6 +108,7 @@ def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+@pytest.mark.slow
 def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
     root, verifier = stages
     prepare("sharegpt", verifier, tmp_path / "other", max_length=128, limit=5, seed=1)
@@ -111,6 +116,7 @@ def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
         train(config(root, tmp_path / "run", prepared=str(tmp_path / "other"), max_steps=1))
 
 
+@pytest.mark.slow
 def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
     root, _ = stages
     other = tiny_llama_dir(initializer_range=0.5, num_hidden_layers=6)

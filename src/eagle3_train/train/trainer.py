@@ -329,7 +329,7 @@ class Trainer:
 
                 self.writer = SummaryWriter(str(self.out / "tensorboard"))
         bar = progress(total=self.total_steps, desc="train", unit="step", initial=self.step,
-                       disable=not self.info.is_main or None)
+                       disable=not self.info.is_main)
         t0, tok0 = time.time(), self.tokens_seen
         window = StepSums(cfg.ttt_steps)
         eval_every = cfg.eval_every or self.steps_per_epoch

@@ -1,0 +1,86 @@
+"""Token-budget batching (train/batching.py) and the train/validation split (data/split.py), checked by their
+properties on small inputs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, split_score
+from eagle3_train.train.batching import plan_batches
+
+
+def _lengths(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(5, 300) for _ in range(n)]
+
+
+@pytest.mark.parametrize("budget", [300, 1000, 4096])
+def test_every_sample_once_and_every_batch_within_the_budget(budget):
+    lengths = _lengths(500) + [budget + 50]  # one sample longer than the budget: a batch of its own
+    plan = plan_batches(lengths, budget, seed=3, epoch=0, bucket_factor=4)
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))
+    for b in plan:
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget
+    assert [len(lengths) - 1] in plan
+
+
+def test_batches_are_cut_greedily_in_length_order():
+    lengths = _lengths(300, seed=1)
+    budget, factor = 1000, 2
+    plan = plan_batches(lengths, budget, seed=0, epoch=0, shuffle=False, bucket_factor=factor)
+    window = factor * (budget // (sum(lengths) // len(lengths)))
+    flat = [i for b in plan for i in b]
+    for start in range(0, len(lengths), window):  # unshuffled: windows of consecutive samples, each sorted by length
+        part = flat[start:start + window]
+        assert sorted(part) == list(range(start, min(start + window, len(lengths))))
+        assert [lengths[i] for i in part] == sorted(lengths[i] for i in part)
+    for b, nxt in zip(plan, plan[1:]):  # the next sample would not have fitted (or starts a new window)
+        if flat.index(nxt[0]) % window:
+            assert (len(b) + 1) * max(lengths[i] for i in b + nxt[:1]) > budget
+
+
+def test_order_is_a_function_of_seed_and_epoch():
+    lengths = _lengths(200, seed=2)
+    plan = plan_batches(lengths, 1000, seed=5, epoch=1)
+    assert plan == plan_batches(list(lengths), 1000, seed=5, epoch=1)  # resume and every rank agree
+    assert plan != plan_batches(lengths, 1000, seed=5, epoch=2)
+    assert plan != plan_batches(lengths, 1000, seed=6, epoch=1)
+    assert plan_batches([], 1000, seed=0, epoch=0) == []
+
+
+def test_split_fraction_is_stable_as_data_grows():
+    ids = [f"conv-{i}" for i in range(4000)]
+    small = dict(zip(ids[:1000], assign_splits(ids[:1000], 0.1, seed=7)))
+    large = dict(zip(ids, assign_splits(ids, 0.1, seed=7)))
+    assert all(large[i] == s for i, s in small.items())  # a larger --limit moves no conversation
+    share = sum(s == VALIDATION for s in large.values()) / len(ids)
+    assert 0.08 < share < 0.12
+    assert all((s == VALIDATION) == (split_score(i, 7) < 0.1) for i, s in large.items())
+    other_seed = assign_splits(ids, 0.1, seed=8)
+    assert other_seed != list(large.values())
+    assert assign_splits(ids[::-1], 0.1, seed=7) == [large[i] for i in ids[::-1]]  # by id, not by position
+
+
+def test_split_count_takes_the_lowest_scores():
+    ids = [f"c{i}" for i in range(50)]
+    out = assign_splits(ids, 0.0, seed=1, val_count=5)
+    chosen = {i for i, s in zip(ids, out) if s == VALIDATION}
+    assert chosen == set(sorted(ids, key=lambda i: split_score(i, 1))[:5])
+    assert assign_splits(ids[:3], 0.0, seed=1, val_count=10).count(TRAIN) == 1  # train keeps one
+    assert assign_splits(ids, 0.5, seed=1, val_count=0) == [TRAIN] * 50
+
+
+def test_tiny_sets_get_both_splits_and_bad_values_are_refused():
+    for n in (2, 3):
+        ids = [f"x{i}" for i in range(n)]
+        for frac in (0.001, 0.999):
+            out = assign_splits(ids, frac, seed=0)
+            assert VALIDATION in out and TRAIN in out
+    assert assign_splits(["only"], 0.5, seed=0) in ([TRAIN], [VALIDATION])
+    assert assign_splits([f"x{i}" for i in range(5)], 0.0, seed=0) == [TRAIN] * 5
+    with pytest.raises(ValueError, match="val_fraction"):
+        assign_splits(["a"], 1.0, seed=0)
+    with pytest.raises(ValueError, match="val_count"):
+        assign_splits(["a"], 0.1, seed=0, val_count=-1)

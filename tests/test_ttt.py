@@ -1,0 +1,179 @@
+"""The arithmetic of training-time test on tiny tensors: which verifier position each TTT step is scored against,
+which positions it supervises, the chain (full) accuracy, the loss normalisation, and the acceptance estimate.
+
+The reference decodes like an inference engine, one position at a time with a KV cache (`Eagle3Draft.forward_cached`):
+drafting from position t, step j reads token x_{t+1+j} at RoPE position t+j and is scored against the verifier's
+distribution at position t+1+j, when x_{t+2+j} is supervised.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.train.data import Batch
+from eagle3_train.train.targets import verifier_targets
+from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
+
+V, VD, H, STEPS = 7, 3, 32, 3  # a tiny verifier vocabulary, so that draft and verifier argmaxes often agree
+
+
+def tiny_draft(seed: int = 0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    cfg = DraftConfig(hidden_size=H, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48,
+                      vocab_size=V, draft_vocab_size=VD, aux_layer_ids=(1, 2, 3), verifier_num_layers=6)
+    model = Eagle3Draft(cfg)
+    model.reset_parameters(std=0.5)  # large weights: peaked, position-dependent draft predictions
+    return model
+
+
+def tiny_batch(seed: int = 0) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A right-padded batch of 3 rows with user/assistant spans, and a verifier head (lm_head, draft ids, t2d)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([14, 9, 12])
+    B, L = 3, int(lengths.max())
+    ids = torch.randint(0, V, (B, L), generator=g)
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[0, 3:7] = mask[0, 9:14] = True  # two assistant turns
+    mask[1, 2:9] = True
+    mask[2, 3:12:2] = True  # one-token replies: every supervised token starts a turn
+    for b, n in enumerate(lengths.tolist()):
+        ids[b, n:] = 0
+    batch = Batch(ids, mask, torch.randn(B, L, 3 * H, generator=g), torch.randn(B, L, H, generator=g), lengths)
+    lm_head = torch.randn(V, H, generator=g)
+    draft_ids = torch.tensor([1, 4, 5])
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_ids] = True
+    return batch, lm_head, draft_ids, t2d
+
+
+def chain_step_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list:
+    """Draft logits of steps 0..steps-1 when drafting from position t (one row), decoded with a KV cache."""
+    logits, h, kv = model.forward_cached(model.fuse(aux[None, :t + 1]), ids[None, 1:t + 2],
+                                         torch.arange(t + 1)[None], None)
+    out = [logits[0, -1]]
+    h = h[:, -1:]
+    for j in range(1, steps):
+        logits, h, kv = model.forward_cached(h, ids[None, t + 1 + j:t + 2 + j], torch.tensor([[t + j]]), kv)
+        out.append(logits[0, -1])
+    return out
+
+
+def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
+    """[5, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position."""
+    sums = torch.zeros(5, STEPS, dtype=torch.float64)
+    B, L = batch.input_ids.shape
+    for b in range(B):
+        final = batch.final[b]
+        target = torch.softmax(final @ lm_head[draft_ids].T, dim=-1)  # verifier position p: distribution over x_{p+1}
+        valid = t2d[(final @ lm_head.T).argmax(-1)]  # the verifier's own choice is a token the draft can propose
+        for t in range(L - 2):
+            logits = chain_step_logits(model, batch.aux[b], batch.input_ids[b], t, min(STEPS, L - 2 - t))
+            chain = True
+            for j, lg in enumerate(logits):
+                if not batch.loss_mask[b, t + 2 + j]:
+                    chain = False
+                    continue
+                p = t + 1 + j
+                ce = -(target[p] * torch.log_softmax(lg, -1)).sum()
+                correct = bool(valid[p]) and int(lg.argmax()) == int(target[p].argmax())
+                chain = chain and correct
+                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, chain],
+                                           dtype=torch.float64)
+    return sums
+
+
+def test_targets_rows_are_the_supervised_next_tokens():
+    batch, lm_head, draft_ids, t2d = tiny_batch()
+    tg = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d, chunk=4)
+    B, L = batch.input_ids.shape
+    for b in range(B):
+        for p in range(L):
+            needed = p + 1 < L and bool(batch.loss_mask[b, p + 1])
+            assert (tg.row_of[b, p] >= 0) == needed, (b, p)
+            if needed:
+                r = tg.row_of[b, p]
+                logits = batch.final[b, p] @ lm_head.T
+                torch.testing.assert_close(tg.probs[r], torch.softmax(logits[draft_ids], -1))
+                assert int(tg.argmax[r]) == int(logits[draft_ids].argmax())
+                assert bool(tg.in_vocab[r]) == bool(t2d[logits.argmax()])
+    assert tg.probs.shape == (int(batch.loss_mask[:, 1:].sum()), VD)
+    one_chunk = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    assert torch.equal(one_chunk.row_of, tg.row_of) and torch.allclose(one_chunk.probs, tg.probs)
+    empty = verifier_targets(batch.final, torch.zeros_like(batch.loss_mask), lm_head, draft_ids, t2d)
+    assert empty.probs.shape == (0, VD) and (empty.row_of == -1).all()
+
+
+def test_ttt_steps_read_the_targets_chain_decoding_reads():
+    model = tiny_draft(0).eval()  # seed 0: some chains stay right through the last step
+    batch, lm_head, draft_ids, t2d = tiny_batch(0)
+    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    denominators = supervised_counts(batch.loss_mask, STEPS)
+    with torch.no_grad():
+        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
+        loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
+    assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
+    assert torch.equal(denominators, expected[1])
+    torch.testing.assert_close(sums[1:], expected[1:], rtol=0, atol=0)
+    torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():
+    model = tiny_draft(1)
+    batch, lm_head, draft_ids, t2d = tiny_batch(1)
+    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    denominators = supervised_counts(batch.loss_mask, STEPS)
+    weights = [1.0, 0.5, 0.25]
+    grads = []
+    for ckpt in (True, False):
+        model.zero_grad()
+        loss, sums = ttt_forward(model, batch, targets, STEPS, weights, denominators, checkpoint_loss=ckpt,
+                                 checkpoint_mlp=ckpt)
+        assert loss.item() == pytest.approx(float(sum(w * s / d for w, s, d in zip(weights, sums[0], denominators))),
+                                            rel=1e-5)
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def test_a_batch_shorter_than_the_steps_stops_early():
+    model = tiny_draft().eval()
+    batch, lm_head, draft_ids, t2d = tiny_batch()
+    short = Batch(batch.input_ids[:, :3], torch.ones(3, 3, dtype=torch.bool), batch.aux[:, :3], batch.final[:, :3],
+                  torch.tensor([3, 3, 3]))
+    targets = verifier_targets(short.final, short.loss_mask, lm_head, draft_ids, t2d)
+    with torch.no_grad():
+        _, sums = ttt_forward(model, short, targets, STEPS, [1.0] * STEPS, supervised_counts(short.loss_mask, STEPS))
+    assert sums[1].tolist() == [3.0, 0.0, 0.0]  # L=3: only step 0 (t=0 -> target token 2) has a target
+
+
+def test_acceptance_estimate_is_the_mean_accepted_prefix_plus_one():
+    """With every position drafted at every step, 1 + sum_j full_acc_j is the mean acceptance length: drafting K
+    tokens from a position whose first a tokens are right accepts min(a, K) of them, plus the verifier's bonus."""
+    g = torch.Generator().manual_seed(0)
+    n = 50
+    accepted_prefix = torch.randint(0, STEPS + 1, (n,), generator=g)  # leading correct draft tokens per position
+    correct_extra = torch.randint(0, 2, (STEPS,), generator=g)  # per half: right at a step after a miss (not accepted)
+    halves = StepSums(STEPS), StepSums(STEPS)
+    for part, idx in zip(halves, (slice(0, n // 2), slice(n // 2, n))):
+        a = accepted_prefix[idx]
+        values = torch.zeros(5, STEPS, dtype=torch.float64)
+        for j in range(STEPS):
+            full = (a > j).sum()
+            values[:, j] = torch.tensor([2.0 * (j + 1) * len(a), len(a), len(a), full + correct_extra[j], full])
+        part.add(values)
+    total = StepSums(STEPS)
+    total.add(halves[0].values)
+    total.add(halves[1].values)
+    s = total.summary("val_")
+    for k in range(1, STEPS + 1):
+        assert s[f"val_accept_len_k{k}"] == pytest.approx(float((1 + accepted_prefix.clamp(max=k)).double().mean()))
+    for j in range(STEPS):
+        assert s[f"val_full_acc_{j}"] == pytest.approx(float((accepted_prefix > j).double().mean()))
+        assert s[f"val_acc_{j}"] == pytest.approx(s[f"val_full_acc_{j}"] + 2 * float(correct_extra[j]) / n)
+        assert s[f"val_loss_{j}"] == pytest.approx(2.0 * (j + 1)) and s[f"val_coverage_{j}"] == 1.0
+    assert s["val_loss"] == pytest.approx(sum(2.0 * (j + 1) for j in range(STEPS)) / STEPS)
+    assert StepSums(STEPS).summary()["accept_len_k3"] == 1.0  # nothing seen: no division by zero
