@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.generate.client import (
+from eagle3_train.serving.client import (
     ChatPool,
     ContextTooLongError,
     EndpointUnavailable,
@@ -425,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
         regenerate(args.data, args.out, endpoints, args.model, **kwargs)
         return 0
     from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+    from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, msg = vllm_available()
     if not ok:
