@@ -62,15 +62,27 @@ def run(backend: str, prepared: Path, out: Path, args, server=None) -> dict:
 
 
 def max_difference(a: Path, b: Path) -> dict:
+    """Per tensor: the largest |HF - vLLM|, the same in bf16 rounding steps of the larger value, and the share of
+    values that are bit-identical."""
+    import torch
+
     from eagle3_train.hidden_states.store import HiddenStatesReader
 
-    worst = {"aux": 0.0, "final": 0.0}
+    worst = {k: {"max_abs": 0.0, "max_bf16_steps": 0.0, "identical": 0, "values": 0} for k in ("aux", "final")}
     for split in ("train", "validation"):
         ra, rb = HiddenStatesReader(a, split), HiddenStatesReader(b, split)
         for i in ra.sample_indices:
             x, y = ra.load(i), rb.load(i)
-            for k in worst:
-                worst[k] = max(worst[k], float((x[k].float() - y[k].float()).abs().max()))
+            for k, w in worst.items():
+                p, q = x[k].float(), y[k].float()
+                step = torch.maximum(p.abs(), q.abs()) * 2.0 ** -8  # bf16 keeps 8 significant bits
+                steps = ((p - q).abs() / step.clamp_min(1e-30)).nan_to_num(0.0)
+                w["max_abs"] = max(w["max_abs"], float((p - q).abs().max()))
+                w["max_bf16_steps"] = max(w["max_bf16_steps"], round(float(steps.max()), 2))
+                w["identical"] += int((p == q).sum())
+                w["values"] += p.numel()
+    for w in worst.values():
+        w["identical_share"] = round(w.pop("identical") / max(1, w.pop("values")), 5)
     return worst
 
 
