@@ -71,9 +71,9 @@ def test_same_tensors_as_hf_within_bf16_rounding(hf_run, vllm_run, server):
             for key in ("aux", "final"):
                 assert a[key].shape == b[key].shape, (split, i, key)
                 x, y = a[key].float(), b[key].float()
-                # Both backends compute in float32 and round to bf16 (8 bits of mantissa): the two float32 results
-                # differ by kernel rounding only, so stored values agree to one bf16 step (2**-8 relative) or, where
-                # a value sits near a rounding boundary, two; never more.
+                # Both backends compute in float32 and round to bf16 (8 significant bits): the float32 results differ
+                # by kernel rounding only, so stored values agree within a bf16 step or two of their magnitude, plus
+                # a small absolute slack for values near zero (where float32 cancellation dominates).
                 step = torch.maximum(x.abs(), y.abs()) * 2.0 ** -7 + 1e-3
                 assert bool(((x - y).abs() <= 2 * step).all()), (split, i, key, float((x - y).abs().max()))
                 # ...and most values are bit-identical.
