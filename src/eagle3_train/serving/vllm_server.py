@@ -305,15 +305,16 @@ def main(args: argparse.Namespace) -> int:
         spec = speculative_config(args.draft, args.num_speculative_tokens) if args.draft else None
     common = dict(port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
                   served_model_name=args.served_model_name, log_path=args.log, startup_timeout=args.startup_timeout)
-    memory = [] if args.gpu_memory_utilization is None else ["--gpu-memory-utilization",
-                                                              str(args.gpu_memory_utilization)]
+    memory = args.gpu_memory_utilization
     if args.extract_hidden_states:
         if args.draft:
             raise Eagle3InputError("--extract-hidden-states serves the verifier alone: drop --draft")
         server = hidden_states_server(model, args.layer_ids, args.hidden_states_dir, **common,
-                                      **({"gpu_memory_utilization": args.gpu_memory_utilization} if memory else {}))
+                                      gpu_memory_utilization=EXTRACT_GPU_MEMORY_UTILIZATION if memory is None
+                                      else memory)
     else:
-        server = VLLMServer(model, speculative=spec, enforce_eager=args.enforce_eager, extra_args=memory, **common)
+        server = VLLMServer(model, speculative=spec, enforce_eager=args.enforce_eager, **common,
+                            extra_args=[] if memory is None else ["--gpu-memory-utilization", str(memory)])
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
 
@@ -324,8 +325,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"vLLM serving {server.model_name!r} at {server.base_url} (log {server.log_path}); Ctrl-C stops it",
               flush=True)
         if server.hidden_states_dir is not None:
-            print(f"capturing layers {server.hidden_states_layer_ids} into {server.hidden_states_dir}: "
-                  f"eagle3-train extract --backend vllm --endpoint {server.base_url} ...", flush=True)
+            print(f"capturing layers {server.hidden_states_layer_ids} into {server.hidden_states_dir}; use it with "
+                  f"`eagle3-train extract --backend vllm --endpoint {server.base_url} --verifier {args.verifier} "
+                  f"--layer-ids {','.join(map(str, server.hidden_states_layer_ids[:-1]))} ...`", flush=True)
         while server.running():
             time.sleep(1.0)
         print(f"vLLM exited; last lines:\n{server.log_tail()}")
