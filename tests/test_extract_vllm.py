@@ -1,11 +1,16 @@
 """`extract --backend vllm` against a real vLLM CPU hidden-state server (one server for the whole module): the same
 prepared SmolLM2 data through both backends gives the same tensors within bf16 rounding, interchangeable outputs for
-training, resume after partial output, and clear errors for a wrong endpoint or wrong layers."""
+training, resume after partial output and after kill -9, and clear errors for a wrong endpoint or wrong layers."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +136,39 @@ def test_resume_after_partial_output(tmp_path, vllm_run, prepared, smollm2_dir, 
     for i in full.sample_indices:
         a, b = full.load(i), resumed.load(i)
         assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), i
+
+
+def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server):
+    out = tmp_path / "hidden"
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "extract", "--backend", "vllm", "--endpoint", server.base_url,
+           "--prepared", str(prepared), "--verifier", str(smollm2_dir), "--out", str(out), "--dtype", OPTS["dtype"],
+           "--shard-tokens", str(OPTS["shard_tokens"]), "--token-budget", str(OPTS["token_budget"]),
+           "--concurrency", "1"]  # one request at a time: slow enough to be killed between shards
+    env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    index_path = out / "train" / "index.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if index_path.is_file() and json.loads(index_path.read_text())["shards"]:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "extraction finished before it could be killed:\n" + proc.stdout.read().decode()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    index = json.loads(index_path.read_text())
+    assert 1 <= len(index["shards"]) < index["num_shards"]
+    finished = {e["file"]: (out / "train" / e["file"]).stat().st_mtime_ns for e in index["shards"]}
+
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    assert {f: (out / "train" / f).stat().st_mtime_ns for f in finished} == finished, "finished shards rewritten"
+    for split in SPLITS:
+        full, resumed = HiddenStatesReader(vllm_run, split), HiddenStatesReader(out, split)
+        assert resumed.sample_indices == full.sample_indices
+        for i in full.sample_indices:
+            a, b = full.load(i), resumed.load(i)
+            assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)
 
 
 def test_bad_endpoint_and_wrong_layers(tmp_path, prepared, smollm2_dir, server):
