@@ -10,8 +10,8 @@ import sys
 import pytest
 from vllm_helpers import require_vllm, shared_server, write_random_eagle3_draft
 
-from eagle3_train.evaluate import vllm_server as vs
 from eagle3_train.evaluate.metrics_parse import counter_total, parse_prometheus, spec_decode_counters
+from eagle3_train.serving import vllm_server as vs
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -33,6 +33,27 @@ def test_speculative_config_and_command(tmp_path):
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == spec
     assert server.base_url == "http://127.0.0.1:1234/v1" and server.model_name == "x"
     assert vs.VLLMServer("/models/y", port=1).model_name == "/models/y"
+
+
+def test_hidden_states_server_command(tmp_path, tiny_llama_dir):
+    verifier = tiny_llama_dir()  # 4 layers: default aux ids (1, 2, 3), captured with the last layer (4)
+    server = vs.hidden_states_server(verifier, storage_dir=tmp_path / "hs", port=1234, python=sys.executable)
+    cmd = server.command()
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec["method"] == "extract_hidden_states"
+    assert spec["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3, 4]
+    kv = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert (kv["kv_connector"], kv["kv_connector_module_path"]) == (vs.HS_CONNECTOR_CLASS, vs.HS_CONNECTOR_MODULE)
+    assert kv["kv_connector_extra_config"]["shared_storage_path"] == str((tmp_path / "hs").resolve())
+    assert "--enforce-eager" in cmd and cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.3"
+    # The server imports the connector by its top-level name from PLUGIN_DIR, without our package.
+    assert server.extra_env["PYTHONPATH"].split(":")[0] == str(vs.PLUGIN_DIR)
+    source = (vs.PLUGIN_DIR / f"{vs.HS_CONNECTOR_MODULE}.py").read_text()
+    assert "eagle3_train" not in "".join(ln for ln in source.splitlines() if ln.startswith(("import", "from")))
+    assert server.hidden_states_layer_ids == [1, 2, 3, 4]
+    assert vs.hidden_states_layer_ids(verifier, "0,1,2") == [0, 1, 2, 4]
+    with pytest.raises(Eagle3InputError, match="out of range"):
+        vs.hidden_states_layer_ids(verifier, "1,2,9")
 
 
 def test_vllm_available_explains_how_to_install(tmp_path, monkeypatch):

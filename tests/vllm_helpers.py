@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
 # SmolLM2-135M shapes.
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 576, 9, 3, 64, 1536, 49152
@@ -89,7 +89,7 @@ def shared_server(kind: str, tmp_root: Path) -> VLLMServer:
     if kind in _SERVERS and _SERVERS[kind].running():
         return _SERVERS[kind]
     from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.evaluate.vllm_server import speculative_config
+    from eagle3_train.serving.vllm_server import speculative_config
 
     verifier = resolve_verifier("smollm2-135m-instruct")
     spec = None

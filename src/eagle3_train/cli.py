@@ -25,7 +25,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("eagle3_train.train.trainer", "train or finetune the draft with training-time test"),
     "export": ("eagle3_train.export.exporter", "export a checkpoint that vLLM and SGLang load"),
     "evaluate": ("eagle3_train.evaluate.cli", "measure acceptance length (offline or on a vLLM server)"),
-    "serve": ("eagle3_train.evaluate.vllm_server", "start a vLLM server for the verifier (and a draft)"),
+    "serve": ("eagle3_train.serving.vllm_server", "start a vLLM server for the verifier (and a draft)"),
     "inspect": ("eagle3_train.export.inspect", "print a checkpoint's summary and lineage"),
 }
 

@@ -21,12 +21,14 @@ Reasoning = Literal["keep", "strip", "disable"]
 ReasoningPlacement = Literal["auto", "template", "inline", "drop"]  # see data/reasoning.py
 ExportFormat = Literal["eagle", "speculators"]
 Engine = Literal["vllm", "sglang"]  # serving engines a draft is checked against (export/engines.py)
+ExtractBackend = Literal["hf", "vllm"]  # where hidden states come from (hidden_states/extract.py)
 
 # Shared by several stages (one value, written once).
 MAX_MODEL_LEN = 2048  # context of the vLLM servers this package starts
 NUM_SPECULATIVE_TOKENS = 3  # draft tokens per speculation round (k)
 MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
 CONCURRENCY = 8  # requests in flight against a server
+EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
 VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
 K_FLAGS = {"flag": "-k", "aliases": ("--num-speculative-tokens", "--speculative-tokens")}
 
@@ -133,6 +135,13 @@ class ExtractSettings:
     max_samples: int | None = setting(None, "only the first N samples of each split")
     overwrite: bool = setting(False, "replace hidden states in --out that were made with other settings",
                               yaml=False)
+    backend: ExtractBackend = setting("hf", "hf: run the verifier here; vllm: ask hidden-state servers (--endpoint, "
+                                            "`eagle3-train serve --extract-hidden-states`)", yaml=False)
+    endpoint: list[str] = setting(default_factory=list, help="hidden-state server URL ending in /v1 (repeat for "
+                                  "several servers); --backend vllm", yaml=False)
+    model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)",
+                                yaml=False)
+    concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False)
 
 
 @dataclass
@@ -243,6 +252,15 @@ class ServeSettings:
     enforce_eager: bool = setting(False, "skip torch.compile: faster start, slower decode")
     log: str | None = setting(None, "server log file (default: a temporary file)")
     startup_timeout: float = setting(900.0, "seconds to wait for the server to come up")
+    gpu_memory_utilization: float | None = setting(
+        None, f"share of GPU memory (on CPU: of RAM) vLLM reserves (default: vLLM's; "
+              f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)")
+    extract_hidden_states: bool = setting(False, "serve hidden states for `extract --backend vllm` (speculative "
+                                                 "method extract_hidden_states, our KV connector); implies eager")
+    layer_ids: str | None = setting(None, "aux layers 'low,mid,high' as in extract (default 2,L//2,L-3); the last "
+                                          "layer is always captured too")
+    hidden_states_dir: str | None = setting(None, "where the server writes each request's states (default: a "
+                                                  "temporary directory); the extract client must see the same path")
 
 
 # YAML sections of `eagle3-train run`, in pipeline order.

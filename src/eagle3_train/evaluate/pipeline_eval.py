@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.evaluate.served import evaluate_served
-from eagle3_train.evaluate.vllm_server import VLLMServer, speculative_config, vllm_available
+from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle3_train.generate.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
+from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
@@ -185,7 +185,7 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
                 raise Eagle3InputError("served evaluation needs --endpoint URL (a running server with the draft) "
                                        "or --draft DIR (a server is started for --verifier)")
             from eagle3_train.assets.verifier import resolve_verifier
-            from eagle3_train.evaluate.vllm_server import VLLMServer, speculative_config, vllm_available
+            from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
 
             ok, msg = vllm_available()
             if not ok:

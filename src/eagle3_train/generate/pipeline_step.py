@@ -36,8 +36,8 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int) ->
 
 def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any]
                                 ) -> dict[str, Any]:
-    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
     from eagle3_train.generate.regenerate import regenerate
+    from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, message = vllm_available()
     if not ok:

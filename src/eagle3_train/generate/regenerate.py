@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.generate.client import (
+from eagle3_train.serving.client import (
     ChatPool,
     ContextTooLongError,
     EndpointUnavailable,
@@ -264,14 +264,10 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
 
 
 async def _resolve_model(pool: ChatPool) -> str:
-    ep = pool.endpoints[0]
     try:
-        models = [m.id async for m in ep.client.models.list()]
-    except Exception as e:  # noqa: BLE001 - reported as a clear input error
-        raise Eagle3InputError(f"cannot list the models of {ep.url} ({e}); pass --model") from None
-    if len(models) != 1:
-        raise Eagle3InputError(f"{ep.url} serves {models}; choose one with --model")
-    return models[0]
+        return await pool.only_model()
+    except (EndpointUnavailable, FatalRequestError) as e:
+        raise Eagle3InputError(f"{e} (or pass --model)") from None
 
 
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
@@ -416,7 +412,7 @@ def main(args: argparse.Namespace) -> int:
         regenerate(s.data, s.out, endpoints, s.model, **kwargs)
         return 0
     from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+    from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, msg = vllm_available()
     if not ok:

@@ -1,9 +1,14 @@
 """Extract stage: run the verifier over the prepared samples and store its aux and final hidden states.
 
 Python API: `extract(prepared_dir, verifier, out_dir, ...) -> dict` (the manifest).
-CLI: `eagle3-train extract --prepared DIR --verifier NAME_OR_DIR --out DIR [--layer-ids 2,15,27] [--store-dtype D]
+CLI: `eagle3-train extract --prepared DIR --out DIR [--verifier NAME_OR_DIR] [--layer-ids 2,15,27] [--store-dtype D]
 [--compute-dtype D] [--token-budget N] [--shard-tokens N] [--device auto|cpu|cuda] [--max-samples N]
-[--splits train,validation] [--overwrite]` (defaults: `ExtractSettings`, docs/CONFIG.md).
+[--splits train,validation] [--overwrite] [--backend hf|vllm --endpoint URL [--endpoint URL2] [--concurrency N]]`
+(defaults: `ExtractSettings`, docs/CONFIG.md).
+
+Backends: `hf` (default) runs the verifier here with transformers; `vllm` asks hidden-state servers (`eagle3-train
+serve --extract-hidden-states`) for the same states, for verifiers only a serving engine can run
+(`hidden_states/vllm_backend.py`). Both write the same shards, index and manifest (`backend` records which).
 
 Output (docs/ARCHITECTURE.md): `OUT/{split}/shard-NNNNN.safetensors` with `aux` [N, 3H], `final` [N, H],
 `sample_index` [n], `offsets` [n+1]; `OUT/{split}/index.json`; `OUT/manifest.json`.
@@ -38,7 +43,7 @@ from eagle3_train.assets.verifier import (
     verifier_identity,
 )
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
-from eagle3_train.settings import Dtype, ExtractSettings
+from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
@@ -55,7 +60,9 @@ DEFAULT_DISK_MARGIN = 2**30  # free space left over after the estimate, for inde
 REQUIRED_COLUMNS = ("id", "input_ids", "length")
 # Settings that change the stored numbers or the shard layout: a resume must match them exactly.
 RESUME_KEYS = ("layer_ids", "dtype", "compute_dtype", "hidden_size", "num_layers", "prepared_manifest_sha256",
-               "max_samples", "shard_tokens")
+               "max_samples", "shard_tokens", "backend")
+RESUME_DEFAULTS = {"backend": "hf"}  # manifests written before the key existed
+BACKENDS = typing.get_args(ExtractBackend)
 
 
 @dataclass(frozen=True)
@@ -272,7 +279,7 @@ def _resume_conflicts(old: dict, new: dict) -> list[str]:
                      f"(config {str(old.get('verifier', {}).get('config_sha256'))[:12]}), "
                      f"requested {new['verifier']['path']} (config {new['verifier']['config_sha256'][:12]})")
     for k in RESUME_KEYS:
-        if old.get(k) != new[k]:
+        if old.get(k, RESUME_DEFAULTS.get(k)) != new[k]:
             diffs.append(f"{k}: existing {old.get(k)!r}, requested {new[k]!r}")
     return diffs
 
@@ -316,11 +323,14 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             token_budget: int = _D.token_budget, shard_tokens: int | None = _D.shard_tokens,
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
-            disk_margin: int | None = None) -> dict:
+            disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
+            vllm_options: dict[str, Any] | None = None) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
-    or 1 GiB) is the free space that must remain after the estimated output. Returns the manifest.
+    or 1 GiB) is the free space that must remain after the estimated output. `backend="vllm"` reads the states from
+    the hidden-state servers at `endpoints` (`vllm_options`: `model`, `concurrency`, ... of `VLLMHiddenStates`).
+    Returns the manifest.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -333,6 +343,11 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         raise Eagle3InputError(f"token_budget must be >= 1, got {token_budget}")
     if max_samples is not None and max_samples < 1:
         raise Eagle3InputError(f"max_samples must be >= 1, got {max_samples}")
+    if backend not in BACKENDS:
+        raise Eagle3InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "vllm" and not endpoints:
+        raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
+                               "`eagle3-train serve --extract-hidden-states`)")
     store_dtype = _torch_dtype(dtype)
     ds = load_prepared(prepared_dir, splits)
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
@@ -343,9 +358,12 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
     ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
-    device = resolve_device(device)
-    compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
-    compute_torch_dtype = _torch_dtype(compute_dtype)
+    if backend == "vllm":  # the server decides where and in which dtype the verifier runs
+        device, compute_dtype = "vllm", None
+    else:
+        device = resolve_device(device)
+        compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
+        compute_torch_dtype = _torch_dtype(compute_dtype)
     bytes_per_token = 4 * hidden * torch.empty((), dtype=store_dtype).element_size()
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
@@ -367,7 +385,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         plans[split] = plan_shards(lengths, shard_tokens)
 
     settings = {
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path)},  # name: as the user gave it
+        # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=backend == "hf")},
+        "backend": backend,
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
         "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
@@ -437,12 +457,14 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
     }
+    if backend == "vllm":
+        manifest["vllm"] = (old_manifest or {}).get("vllm")
     for split in (old_manifest or {}).get("splits", {}):
         if split not in splits:  # splits extracted by an earlier command stay recorded
             manifest["splits"][split] = old_manifest["splits"][split]
     write_json(out_dir / "manifest.json", manifest)
 
-    model = None
+    model = source = None
     stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "load_s": 0.0, "load_cpu_s": 0.0}
     start, start_cpu = time.perf_counter(), time.process_time()
     bar = progress(total=todo_tokens, desc="extract", unit="tok")
@@ -451,7 +473,13 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             split_dir = out_dir / split
             split_dir.mkdir(parents=True, exist_ok=True)
             todo = [p for p in plans[split] if p.number not in done[split]]
-            if todo and model is None:
+            if todo and model is None and backend == "vllm":
+                from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+
+                model = source = VLLMHiddenStates(endpoints, verifier_path, ids, store_dtype, **(vllm_options or {}))
+                manifest["vllm"] = source.open()
+                compute = source.run_batch
+            elif todo and model is None:
                 log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
                 t_load, cpu_load = time.perf_counter(), time.process_time()
                 model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=compute_torch_dtype)
@@ -461,6 +489,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
                 pad_id = getattr(text_config, "pad_token_id", None) or 0
                 stats["load_s"] = time.perf_counter() - t_load
                 stats["load_cpu_s"] = time.process_time() - cpu_load
+                compute = partial(run_batch, base, capture, pad_id=pad_id, device=device, store_dtype=store_dtype)
             write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
             columns = ds[split].select_columns(["id", "input_ids"])
             for plan in todo:
@@ -478,7 +507,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
                     for b0, b1 in plan_batches(plan.lengths, token_budget):
                         n_tok = sum(plan.lengths[b0:b1])
                         if n_tok:
-                            a, f = run_batch(base, capture, rows["input_ids"][b0:b1], pad_id, device, store_dtype)
+                            a, f = compute(rows["input_ids"][b0:b1])
                             _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
                             aux[row:row + n_tok] = a.cpu()
                             final[row:row + n_tok] = f.cpu()
@@ -501,7 +530,11 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
                 "complete": index["complete"]}
     finally:
         bar.close()
-        if model is not None:
+        if source is not None:
+            if manifest.get("vllm") and source.server_dtype:
+                manifest["vllm"]["server_dtype"] = source.server_dtype
+            source.close()
+        elif model is not None:
             capture.remove()
 
     seconds = time.perf_counter() - start - stats["load_s"]  # throughput of the extraction loop, not the load
@@ -533,7 +566,9 @@ def main(args: argparse.Namespace) -> int:
     s = settings_from_args(ExtractSettings, args)
     manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
-                       max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite)
+                       max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
+                       backend=s.backend, endpoints=s.endpoint,
+                       vllm_options={"model": s.model, "concurrency": s.concurrency})
     c, tp = manifest["counts"], manifest.get("throughput") or {}
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {s.out} "
           f"(layers {manifest['layer_ids']}, {manifest['dtype']}"

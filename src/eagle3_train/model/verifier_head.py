@@ -1,4 +1,5 @@
-"""Read just the verifier tensors the draft needs (input embedding, lm_head) without loading the whole model."""
+"""Read just the verifier tensors the draft needs (input embedding, lm_head; the final norm for hidden states
+served before it) without loading the whole model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from eagle3_train.utils.io import Eagle3InputError
 _EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
                "language_model.model.embed_tokens.weight")
 _HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
+_NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
+              "norm.weight")
+# Final norms that are not y = w * x / rms(x) (Gemma stores w - 1): applying ours would give wrong `final` states.
+_OTHER_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def _tensor_locations(verifier_dir: Path) -> dict[str, Path]:
@@ -51,3 +56,17 @@ def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.floa
             raise Eagle3InputError(f"verifier {verifier_dir}: no lm_head.weight and tie_word_embeddings is false")
         head = embed
     return embed.to(dtype), head.to(dtype), config
+
+
+def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
+    """(weight [H], eps) of the verifier's final RMSNorm, read from the checkpoint (that tensor only)."""
+    verifier_dir = Path(verifier_dir)
+    config = json.loads((verifier_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    if text.get("model_type") in _OTHER_NORMS:
+        raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} has a final norm "
+                               f"other than w * x / rms(x); not supported by the vLLM hidden-state backend")
+    weight = _load(_tensor_locations(verifier_dir), _NORM_KEYS)
+    if weight is None:
+        raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")
+    return weight, float(text.get("rms_norm_eps", 1e-6))

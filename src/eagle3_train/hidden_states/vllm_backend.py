@@ -1,0 +1,230 @@
+"""`extract --backend vllm`: hidden states from vLLM servers (for verifiers that only a serving engine can run).
+
+The servers run vLLM's `extract_hidden_states` method with our KV connector (start one with `eagle3-train serve
+--extract-hidden-states`): for a prompt sent as token ids with `max_tokens: 1`, the server writes the captured layers
+(the three aux ids and L, the last layer's output BEFORE the final norm) to a file and names it in the response's
+`kv_transfer_params.hidden_states_path`. This client sends each sample's token ids (never text, so nothing is
+re-tokenized; the echoed `prompt_token_ids` and the file's `token_ids` are checked against ours), to one or more
+endpoints with bounded concurrency, reads the file (waiting on its `.lock`), deletes it, and returns the aux states
+and the FINAL state as our format defines it (after the final norm): the verifier's final RMSNorm is applied here
+with the weight read from the verifier checkpoint. The extract stage (`extract.py`) stores them in the same shards,
+index and manifest as the HF backend, so training cannot tell them apart.
+
+Client and server must see the same filesystem path (one machine, or a shared mount for `--hidden-states-dir`).
+
+Python API: `VLLMHiddenStates(endpoints, verifier_dir, layer_ids, store_dtype, ...)`: `.open() -> dict` (identity
+for the manifest), `.run_batch(seqs) -> (aux [n, 3H], final [n, H])`, `.close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3_train.model.verifier_head import load_final_norm
+from eagle3_train.serving.client import (
+    ChatPool,
+    ContextTooLongError,
+    EndpointUnavailable,
+    FatalRequestError,
+    RequestRejected,
+    quiet_http_logs,
+)
+from eagle3_train.utils.io import Eagle3InputError, read_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONCURRENCY = 8
+SERVE_HINT = "start one with `eagle3-train serve --extract-hidden-states --verifier NAME_OR_DIR [--layer-ids ...]`"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The verifier's final norm (Llama-style RMSNorm), computed in float32."""
+    x = x.float()
+    return weight.float() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def read_and_remove(path: str) -> dict[str, Any]:
+    """Read a file the connector wrote (waiting for its writer's lock) and delete it and its lock file."""
+    from safetensors import safe_open
+
+    lock = path + ".lock"
+    try:
+        with open(lock) as lf:
+            fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the server has written the file
+    except FileNotFoundError:
+        pass  # the connector may run without locks; the file is renamed into place when complete
+    try:
+        with safe_open(path, framework="pt") as f:
+            out = {k: f.get_tensor(k) for k in f.keys()}
+            out["metadata"] = f.metadata() or {}
+    except FileNotFoundError:
+        raise Eagle3InputError(
+            f"the server named {path} as the hidden-state file but it does not exist here: the client must see the "
+            f"server's --hidden-states-dir at the same path (same machine or a shared mount), and the server log may "
+            f"show a failed write") from None
+    finally:
+        for p in (path, lock):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+    return out
+
+
+class VLLMHiddenStates:
+    """Aux and final hidden states of token sequences, computed by vLLM hidden-state servers."""
+
+    def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
+                 store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = DEFAULT_CONCURRENCY,
+                 timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY") -> None:
+        if not endpoints:
+            raise Eagle3InputError(f"--backend vllm needs --endpoint URL (a hidden-state server; {SERVE_HINT})")
+        if concurrency < 1:
+            raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.verifier_dir = Path(verifier_dir)
+        config = read_json(self.verifier_dir / "config.json", "verifier config")
+        text = config.get("text_config", config)
+        self.num_layers, self.hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
+        self.layer_ids = [int(i) for i in layer_ids]
+        self.server_layer_ids = [*self.layer_ids, self.num_layers]  # what the server must capture, in this order
+        self.store_dtype = store_dtype
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s, self.max_retries, self.api_key = timeout_s, max_retries, api_key
+        self.norm_weight, self.norm_eps = load_final_norm(self.verifier_dir)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pool: ChatPool | None = None
+        self.server_dtype: str | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+    def open(self) -> dict[str, Any]:
+        """Connect, check every endpoint serves the model, and return the servers' identity for the manifest."""
+        quiet_http_logs()
+        self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(self._open())
+
+    async def _open(self) -> dict[str, Any]:
+        self.pool = ChatPool(self.endpoints, self.model or "", timeout_s=self.timeout_s, max_retries=self.max_retries,
+                             api_key=self.api_key)
+        try:
+            if not self.model:
+                self.pool.model = self.model = await self.pool.only_model()
+            await self.pool.check_model()
+            servers = [await self._server_info(ep) for ep in self.pool.endpoints]
+        except (EndpointUnavailable, FatalRequestError) as e:
+            raise Eagle3InputError(f"hidden-state server: {e} ({SERVE_HINT})") from None
+        return {"endpoints": self.endpoints, "model": self.model, "servers": servers,
+                "vllm_version": servers[0].get("version"), "server_layer_ids": self.server_layer_ids,
+                "final": "the server's last layer (pre-norm) with the verifier's final RMSNorm applied by eagle3-train"}
+
+    async def _server_info(self, ep: Any) -> dict[str, Any]:
+        info: dict[str, Any] = {"url": ep.url}
+        models = await ep.client.models.list()
+        for m in models.data:
+            if m.id == self.model:
+                extra = m.model_extra or {}
+                info.update(root=extra.get("root"), max_model_len=extra.get("max_model_len"))
+        root = ep.url[: -len("/v1")] if ep.url.endswith("/v1") else ep.url
+        info["version"] = await asyncio.to_thread(_server_version, root)
+        return info
+
+    def close(self) -> None:
+        if self.loop is not None:
+            if self.pool is not None:
+                self.loop.run_until_complete(self.pool.aclose())
+            self.loop.close()
+            self.loop, self.pool = None, None
+
+    # --- work ------------------------------------------------------------------------------------------------
+    def run_batch(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [n, 3H], final [n, H]) in the store dtype for the concatenated tokens of `seqs`, in order."""
+        if self.loop is None:
+            self.open()
+        assert self.loop is not None
+        parts = self.loop.run_until_complete(self._run_all(seqs))
+        return torch.cat([a for a, _ in parts]), torch.cat([f for _, f in parts])
+
+    async def _run_all(self, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(seq: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            async with gate:
+                return await self._one(list(seq))
+
+        tasks = [asyncio.ensure_future(one(s)) for s in seqs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:  # one failure stops the batch: no request is left running
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _one(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.pool is not None
+        try:
+            response, i = await self.pool.complete_tokens(ids, max_tokens=1, extra_body={"return_token_ids": True})
+        except ContextTooLongError as e:
+            raise Eagle3InputError(f"a sample of {len(ids)} tokens does not fit the server's context ({e}); start "
+                                   f"the server with a larger --max-model-len (at least {len(ids) + 1})") from None
+        except (RequestRejected, FatalRequestError, EndpointUnavailable) as e:
+            raise Eagle3InputError(f"hidden-state request failed: {e}") from None
+        url = self.pool.endpoints[i].url
+        path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not path:
+            raise Eagle3InputError(f"{url} returned no kv_transfer_params.hidden_states_path: it is not a "
+                                   f"hidden-state server ({SERVE_HINT})")
+        data = await asyncio.to_thread(read_and_remove, path)
+        echoed = (response.get("choices") or [{}])[0].get("prompt_token_ids")
+        if echoed is not None and list(echoed) != ids:
+            raise Eagle3InputError(f"{url} changed the prompt: it echoed {len(echoed)} token ids that differ from "
+                                   f"the {len(ids)} sent (first difference at {_first_diff(echoed, ids)})")
+        return self._split(data, ids, url)
+
+    def _split(self, data: dict[str, Any], ids: list[int], url: str) -> tuple[torch.Tensor, torch.Tensor]:
+        states, token_ids = data.get("hidden_states"), data.get("token_ids")
+        if states is None or token_ids is None:
+            raise Eagle3InputError(f"the hidden-state file from {url} lacks hidden_states/token_ids "
+                                   f"(has {sorted(k for k in data if k != 'metadata')})")
+        if token_ids.tolist() != ids:
+            raise Eagle3InputError(f"{url} captured {token_ids.numel()} tokens that differ from the {len(ids)} sent")
+        captured = data["metadata"].get("layer_ids")
+        if captured is not None and captured != ",".join(map(str, self.server_layer_ids)):
+            raise Eagle3InputError(f"{url} captures layers [{captured}] but this extraction needs "
+                                   f"{self.server_layer_ids} (the aux ids and the last layer): restart the server "
+                                   f"with --layer-ids {','.join(map(str, self.layer_ids))}, or extract with "
+                                   f"--layer-ids matching the server")
+        want = (len(ids), len(self.server_layer_ids), self.hidden)
+        if tuple(states.shape) != want:
+            raise Eagle3InputError(f"{url} returned hidden states of shape {list(states.shape)}, expected "
+                                   f"{list(want)} ([tokens, aux layers + last, hidden size of {self.verifier_dir}]): "
+                                   f"the server runs another verifier or other layer ids")
+        self.server_dtype = self.server_dtype or str(states.dtype).removeprefix("torch.")
+        aux = states[:, :-1].reshape(len(ids), -1).to(self.store_dtype)
+        final = rms_norm(states[:, -1], self.norm_weight, self.norm_eps).to(self.store_dtype)
+        return aux, final
+
+
+def _server_version(root_url: str) -> str | None:
+    """vLLM's version from GET /version (informative; None when the server has no such route)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(root_url + "/version", timeout=10) as r:
+            return json.loads(r.read()).get("version")
+    except Exception:  # noqa: BLE001 - informative only
+        return None
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
