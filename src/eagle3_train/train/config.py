@@ -10,7 +10,8 @@ from typing import Any
 # result: continuing under other values would silently mix two runs.
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
-    "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard"})
+    "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard",
+    "allow_aux_layer_mismatch"})
 
 
 @dataclass
@@ -54,6 +55,7 @@ class TrainConfig:
     finetune_from: str | None = None
     finetune_vocab: str = "keep"  # keep | rebuild
     allow_missing: bool = False
+    allow_aux_layer_mismatch: bool = False  # finetune on other verifier layers than the source's (recorded)
     # bookkeeping
     log_every: int = 10
     eval_every: int | None = None  # steps; default: end of each epoch

@@ -10,7 +10,10 @@ Policies:
 - Architecture: the draft follows the SOURCE (layers, intermediate size, heads, rope, eps, norm_before_residual,
   norm_before_fc, fc_norm, norm_output); the run's `train.*` architecture settings are replaced (noted if they differ).
 - Must match this verifier, else one Eagle3InputError before any training: hidden size (`fc.weight`), vocabulary
-  size (`t2d`, `embed_tokens.weight`), and the aux layers (the source's ids must equal the extracted `layer_ids`).
+  size (`t2d`, `embed_tokens.weight`), and the aux layers (the source's ids must equal the extracted `layer_ids`,
+  unless `allow_aux_layer_mismatch`; recorded as `init.aux_layers`). Source ids: top-level
+  `eagle_aux_hidden_state_layer_ids` = vLLM's "input of layer i"; only nested `eagle_config.…` = SGLang's "output of
+  layer i" (= input of i+1); both = must name the same layers; neither = the engines' default (2, L//2, L-3).
 - Tensors: every tensor of the built draft must come from the source; missing ones stop the run unless
   `allow_missing` (they then keep their fresh initialisation). `embed_tokens.weight` is never loaded (the verifier's
   embedding is used; a warning when they differ) and `*.rotary_emb.inv_freq` is recomputed; both are listed as
@@ -65,6 +68,7 @@ class FinetuneSource:
     t2d: torch.Tensor
     summary: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    aux_layers: dict[str, Any] = field(default_factory=dict)  # where the features came from vs. the run's layers
 
 
 def _verifier_dims(inputs) -> tuple[int, int, int]:
@@ -106,25 +110,55 @@ def _check_verifier_fit(loaded: LoadedDraft, inputs, H: int, V: int) -> None:
                                f"has {V} tokens: the source was made for a verifier with another tokenizer. {other}")
 
 
-def _check_aux_layers(loaded: LoadedDraft, inputs, L: int, notes: list[str]) -> None:
-    src, run = tuple(loaded.config.aux_layer_ids), tuple(inputs.layer_ids)
-    origin = {AUX_OURS: "from its draft_config.json", AUX_TOP: "from its config's eagle_aux_hidden_state_layer_ids",
-              AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids, SGLang's convention shifted by +1",
-              AUX_DEFAULT: f"its config names none, so the engines' default for this {L}-layer verifier"
+def _layers(ids) -> str:
+    ids = list(ids)
+    return f"inputs of verifier layers {ids} (= outputs of layers {[i - 1 for i in ids]})"
+
+
+def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, notes: list[str]) -> dict[str, Any]:
+    """Which verifier layers the source's features came from, which the run extracted, and whether they agree.
+
+    Refuses a disagreement (the fc would fuse other layers than it learned) unless `allow_mismatch`; the record goes
+    into the run's `init.aux_layers` either way.
+    """
+    src, run = list(loaded.config.aux_layer_ids), list(inputs.layer_ids)
+    sc = loaded.source_config
+    origin = {AUX_OURS: "from its draft_config.json (vLLM convention)",
+              AUX_TOP: "from its config's top-level eagle_aux_hidden_state_layer_ids (vLLM convention: input of layer "
+                       "i)" + (", and eagle_config's agree" if (sc.get("eagle_config") or {}).get(
+                           "eagle_aux_hidden_state_layer_ids") else ""),
+              AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids only (SGLang convention: output of layer "
+                          "i, shifted by +1)",
+              AUX_DEFAULT: f"its config names none, so the engines' default (2, L//2, L-3) for this {L}-layer verifier"
               }[loaded.aux_ids_origin]
+    record = {"source": src, "source_origin": loaded.aux_ids_origin, "source_explained": f"{_layers(src)}, {origin}",
+              "source_config_keys": {
+                  "eagle_aux_hidden_state_layer_ids": sc.get("eagle_aux_hidden_state_layer_ids"),
+                  "eagle_config.eagle_aux_hidden_state_layer_ids": (sc.get("eagle_config") or {}).get(
+                      "eagle_aux_hidden_state_layer_ids")},
+              "run": run, "run_from": f"layer_ids of the hidden-states manifest in {inputs.hidden_dir}",
+              "match": src == run, "allow_mismatch": bool(allow_mismatch)}
     where = f"finetune source {loaded.path}"
+    log.info("finetune: the source's features came from %s, %s; this run trains on %s (%s)", _layers(src), origin,
+             _layers(run), record["run_from"])
+    problem = None
     if max(src) > L:
-        raise Eagle3InputError(f"{where}: the draft reads verifier layers {list(src)} ({origin}), but verifier "
-                               f"{inputs.verifier_name} has only {L} layers: it was made for a deeper verifier")
-    if src != run:
+        problem = (f"{where}: the draft reads verifier layers {src} ({origin}), but verifier {inputs.verifier_name} "
+                   f"has only {L} layers: it was made for a deeper verifier")
+    elif src != run:
         ids = ",".join(map(str, src))
-        raise Eagle3InputError(
-            f"{where}: the draft was trained on verifier layers {list(src)} ({origin}), but the hidden states in "
-            f"{inputs.hidden_dir} hold layers {list(run)}: its fc would fuse other layers than it learned. Re-extract "
-            f"with `eagle3-train extract --layer-ids {ids}` or choose another source.")
+        problem = (f"{where}: the draft was trained on {_layers(src)} ({origin}), but the hidden states in "
+                   f"{inputs.hidden_dir} hold {_layers(run)}: its fc would fuse other layers than it learned. "
+                   f"Re-extract with `eagle3-train extract --layer-ids {ids}` or choose another source")
+    if problem and not allow_mismatch:
+        raise Eagle3InputError(problem + "; or pass --allow-aux-layer-mismatch to finetune on the run's layers "
+                                         "anyway (recorded in the training metadata).")
+    if problem:
+        _warn(notes, problem + "; finetuning on the run's layers anyway (allow_aux_layer_mismatch, recorded)")
     recorded = loaded.config.verifier_num_layers
     if loaded.aux_ids_origin == AUX_OURS and recorded and recorded != L:
         _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier_name} has {L}")
+    return record
 
 
 def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +207,7 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
     notes: list[str] = []
     for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
         _warn(notes, n)
-    _check_aux_layers(loaded, inputs, L, notes)
+    aux = aux_layer_record(loaded, inputs, L, bool(getattr(cfg, "allow_aux_layer_mismatch", False)), notes)
     d2t, t2d = _source_vocab(loaded, V, notes)
     loaded = load_tensor_data(loaded)
     overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
@@ -184,7 +218,7 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
         if mine != overrides[f]:
             _warn(notes, f"train.{f}={mine} replaced by the source's {overrides[f]}")
     vocab = (d2t, t2d) if cfg.finetune_vocab == "keep" else None
-    return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes)
+    return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes, aux)
 
 
 def _check_built_for(model, source: FinetuneSource, policy: str, inputs) -> None:
@@ -329,6 +363,7 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
         "vocab_policy": policy,
         "vocab_overlap": overlap,
         "allow_missing": bool(cfg.allow_missing),
+        "aux_layers": source.aux_layers,
         "notes": notes,
     }
 

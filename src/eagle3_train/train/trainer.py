@@ -416,6 +416,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", default=None, help="continue from the latest checkpoint in --out")
     p.add_argument("--allow-missing", action="store_true", default=None,
                    help="finetune even when the source lacks trainable tensors (they start random)")
+    p.add_argument("--allow-aux-layer-mismatch", action="store_true", default=None,
+                   help="finetune even when the source's features came from other verifier layers than the run's "
+                        "hidden states (recorded in the training metadata)")
     p.add_argument("--set", action="append", default=[], metavar="train.KEY=VALUE", help="override any setting")
 
 
@@ -425,7 +428,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raw = load_yaml(args.config)
     raw = apply_overrides(raw, args.set)
     values = dict(raw.get("train", {}))
-    for field in list(_FLAGS.values()) + ["resume", "allow_missing"]:
+    for field in list(_FLAGS.values()) + ["resume", "allow_missing", "allow_aux_layer_mismatch"]:
         v = getattr(args, field, None)
         if v is not None:
             values[field] = v
