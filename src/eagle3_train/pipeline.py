@@ -155,6 +155,37 @@ class Pipeline:
         print(format_summary(self.summary))
         return self.summary
 
+    def dry_run(self) -> dict[str, Any]:
+        """Validate the config and report which stages would run; when prepare, vocab and extract are done, run
+        `train --dry-run` on their outputs (nothing else is written)."""
+        from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.train.dry_run import dry_run, format_report
+        from eagle3_train.utils.config import to_dataclass
+
+        cfg, rd = self.cfg, self.run_dir
+        verifier_dir = resolve_verifier(cfg["verifier"])
+        t_values = {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"),
+                    "vocab": str(rd / "vocab"), "out": str(rd / "train"), "verifier": str(cfg["verifier"]),
+                    **cfg["train"]}
+        train_cfg = to_dataclass(TrainConfig, t_values, "config section `train`")
+        done = {name: name in self.state["stages"] and out.exists()
+                for name, out in (("prepare", rd / "prepared" / "manifest.json"),
+                                  ("vocab", rd / "vocab" / "vocab.safetensors"),
+                                  ("extract", rd / "hidden_states" / "manifest.json"))}
+        lines = [f"run --dry-run: config valid, verifier {verifier_dir}"]
+        lines += [f"  {k}: {'done (its output is checked by the train dry run)' if v else 'would run'}"
+                  for k, v in done.items()]
+        report: dict[str, Any] = {"stages_done": done}
+        if all(done.values()):
+            report["train"] = dry_run(train_cfg)
+            lines.append(format_report(report["train"]))
+        else:
+            lines.append("NOT checked: train (its inputs do not exist yet: run the pipeline up to extract, or "
+                         "`eagle3-train train --dry-run` on existing outputs), export, evaluate")
+        print("\n".join(lines))
+        return report
+
     def _generate(self, data_source: str, verifier_dir: Path, gen: dict[str, Any]) -> str:
         from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
 
@@ -280,11 +311,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config (see configs/)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a setting")
     p.add_argument("--run-dir", help="override run_dir")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate the config; with prepare/vocab/extract done, run `train --dry-run` on them")
 
 
 def main(args: argparse.Namespace) -> int:
     raw = apply_overrides(load_yaml(args.config), args.set)
     if args.run_dir:
         raw["run_dir"] = args.run_dir
+    if getattr(args, "dry_run", False):
+        Pipeline(raw).dry_run()
+        return 0
     Pipeline(raw).run()
     return 0

@@ -195,8 +195,9 @@ def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.
     return d2t, expected
 
 
-def load_finetune_source(cfg, inputs) -> FinetuneSource:
-    """Read `cfg.finetune_from` in any layout and check it against the run's verifier and hidden states."""
+def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
+    """Read `cfg.finetune_from` in any layout and check it against the run's verifier and hidden states.
+    `read_data=False` (dry run): big tensors stay meta (shapes and dtypes from the headers), files are not hashed."""
     if cfg.finetune_vocab not in VOCAB_POLICIES:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
     loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
@@ -209,7 +210,8 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
         _warn(notes, n)
     aux = aux_layer_record(loaded, inputs, L, bool(getattr(cfg, "allow_aux_layer_mismatch", False)), notes)
     d2t, t2d = _source_vocab(loaded, V, notes)
-    loaded = load_tensor_data(loaded)
+    if read_data:
+        loaded = load_tensor_data(loaded)
     overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
     for f in RUN_ARCH_SETTINGS:
         mine = getattr(cfg, f)
@@ -274,8 +276,10 @@ def _remap_lm_head(model, src_lm: torch.Tensor, src_ids: torch.Tensor, inputs, l
     w.copy_(new)
 
 
-def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = None) -> dict[str, Any]:
-    """Load the source's weights into `model` (built for this verifier) and return the run's `init` record."""
+def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = None,
+                          copy: bool = True) -> dict[str, Any]:
+    """Load the source's weights into `model` (built for this verifier) and return the run's `init` record.
+    `copy=False` (dry run, meta model): every key, shape, dtype and vocab check, but no tensor data is touched."""
     source = source or load_finetune_source(cfg, inputs)
     loaded, policy = source.loaded, cfg.finetune_vocab
     notes = list(source.notes)
@@ -292,6 +296,9 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     for k, v in loaded.tensors.items():
         if k in _VOCAB_KEYS:
             continue
+        if k in wanted and tuple(v.shape) == wanted[k] and not v.is_floating_point():
+            raise Eagle3InputError(f"finetune source {loaded.path}: tensor '{loaded.source_name(k)}' is {v.dtype}, "
+                                   f"but a weight must be floating point: the file is not an EAGLE-3 draft")
         if k in wanted and tuple(v.shape) == wanted[k]:
             to_copy[k] = v
         elif k in wanted:
@@ -306,8 +313,10 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     embed = loaded.extra.get("embed_tokens.weight")
     if embed is not None:
         ignored.append(loaded.source_name("embed_tokens.weight"))
-        diff = _embed_difference(embed, inputs.embed)
-        if diff > 0:
+        diff = _embed_difference(embed, inputs.embed) if copy else None
+        if diff is None:
+            notes.append("the source's embed_tokens was not compared with the verifier's (dry run: no data read)")
+        elif diff > 0:
             _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
                          f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
         else:
@@ -328,21 +337,22 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
 
     params = dict(model.named_parameters())
     src_ids = torch.arange(source.d2t.shape[0]) + source.d2t
+    run_ids = torch.arange(inputs.d2t.shape[0]) + inputs.d2t
     with torch.no_grad():
         for k, v in to_copy.items():
-            if k == "lm_head.weight" and policy == "rebuild":
+            if not copy or (k == "lm_head.weight" and policy == "rebuild"):
                 continue
             params[k].copy_(v.to(params[k].dtype))  # cast to the built model's dtype
         if policy == "keep":
             model.set_vocab(source.d2t, source.t2d)
-            overlap = _vocab_overlap(src_ids, torch.arange(inputs.d2t.shape[0]) + inputs.d2t)
+            overlap = _vocab_overlap(src_ids, run_ids)
             notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's vocab "
                          f"{inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
         else:
             model.set_vocab(inputs.d2t, inputs.t2d)
-            if "lm_head.weight" in to_copy:
+            if "lm_head.weight" in to_copy and copy:
                 _remap_lm_head(model, to_copy["lm_head.weight"], src_ids, inputs, cfg.lm_head_init)
-            overlap = _vocab_overlap(src_ids, model.draft_token_ids().cpu())
+            overlap = _vocab_overlap(src_ids, run_ids)  # = the model's draft_token_ids()
             overlap["new_rows_from"] = "verifier lm_head" if cfg.lm_head_init == "verifier" else "random init"
             notes.append(f"vocab rebuild: {overlap['shared_tokens']} of {overlap['run_draft_vocab_size']} draft tokens "
                          f"keep their trained lm_head row ({overlap['share_of_run']:.1%}); the rest start from the "

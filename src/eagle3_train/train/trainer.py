@@ -61,9 +61,15 @@ def _autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
+def verifier_tensor_dtype(precision: str) -> torch.dtype:
+    """dtype of the frozen verifier tensors the trainer keeps on the device (embedding, lm_head for the targets)."""
+    return torch.float32
+
+
 def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
-                vocab: tuple[torch.Tensor, torch.Tensor] | None = None) -> Eagle3Draft:
-    """`overrides` (DraftConfig fields) and `vocab` (d2t, t2d) come from a finetuning source; default: the run's."""
+                vocab: tuple[torch.Tensor, torch.Tensor] | None = None, device: str = "cpu") -> Eagle3Draft:
+    """`overrides` (DraftConfig fields) and `vocab` (d2t, t2d) come from a finetuning source; default: the run's.
+    `device="meta"` (dry run) builds the structure without memory."""
     d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
     draft_cfg = DraftConfig.from_verifier(
         inputs.verifier_config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
@@ -74,7 +80,8 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier_name
     torch.manual_seed(cfg.seed)
-    model = Eagle3Draft(draft_cfg)
+    with torch.device(device):
+        model = Eagle3Draft(draft_cfg)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(inputs.embed)
         model.set_vocab(d2t, t2d)
@@ -301,7 +308,8 @@ class Trainer:
         cfg = self.cfg
         if self.info.is_main:
             claim_output_dir(self.out, "training output directory",
-                             has_file("training_metadata.json", "checkpoints", "metrics.jsonl"))
+                             has_file("training_metadata.json", "checkpoints", "metrics.jsonl",
+                                      "training_metadata.dry-run.json"))
             self.out.mkdir(parents=True, exist_ok=True)
         barrier(self.info)
         if cfg.resume:
@@ -419,6 +427,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-aux-layer-mismatch", action="store_true", default=None,
                    help="finetune even when the source's features came from other verifier layers than the run's "
                         "hidden states (recorded in the training metadata)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything at full size (verifier, data, vocab, finetune source, exports) without "
+                        "optimizer steps or weight data; writes OUT/training_metadata.dry-run.json")
     p.add_argument("--set", action="append", default=[], metavar="train.KEY=VALUE", help="override any setting")
 
 
@@ -436,6 +447,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "dry_run", False):
+        from eagle3_train.train.dry_run import dry_run, format_report
+
+        print(format_report(dry_run(config_from_args(args))))
+        return 0
     result = train(config_from_args(args))
     print(json.dumps({k: result[k] for k in ("out", "step", "tokens_per_s", "best", "final") if k in result},
                      indent=2))
