@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "run_dir": "runs/default",
     "verifier": "smollm2-135m-instruct",
+    "trust_remote_code": False,  # run code the verifier ships (Kimi's tokenizer/config): prepare, extract, vLLM
     "prepare": {"data": "sharegpt", "limit": None, "max_length": 2048, "overflow": "truncate", "val_fraction": 0.05,
                 "seed": 0},
     "generate": {"enabled": False},
@@ -92,6 +93,7 @@ class Pipeline:
         rd.mkdir(parents=True, exist_ok=True)
         write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
         verifier = cfg["verifier"]
+        trc = bool(cfg["trust_remote_code"])  # not in the stage keys: it lets code run, it does not change outputs
         from eagle3_train.assets.verifier import resolve_verifier
 
         verifier_dir = resolve_verifier(verifier)
@@ -108,7 +110,8 @@ class Pipeline:
         from eagle3_train.data.prepare import prepare
 
         manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
-                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep)),
+                              lambda: _counts(prepare(data_source, verifier_dir, prepared, **prep,
+                                                      trust_remote_code=trc)),
                               after=("generate",))
         self.summary["data"] = manifest
 
@@ -126,7 +129,7 @@ class Pipeline:
 
         self.summary["extract"] = self.stage(
             "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"],
+            lambda: _extract_summary(extract(prepared, verifier_dir, hidden, **cfg["extract"], trust_remote_code=trc,
                                              overwrite=self._restarts("extract", e_settings))), after=("prepare",))
 
         train_out = rd / "train"
@@ -167,7 +170,7 @@ class Pipeline:
         verifier_dir = resolve_verifier(cfg["verifier"])
         t_values = {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"),
                     "vocab": str(rd / "vocab"), "out": str(rd / "train"), "verifier": str(cfg["verifier"]),
-                    **cfg["train"]}
+                    "trust_remote_code": bool(cfg["trust_remote_code"]), **cfg["train"]}
         train_cfg = to_dataclass(TrainConfig, t_values, "config section `train`")
         done = {name: name in self.state["stages"] and out.exists()
                 for name, out in (("prepare", rd / "prepared" / "manifest.json"),
@@ -194,7 +197,8 @@ class Pipeline:
         settings = {"data": data_source, "data_sha256": data_sha256(data_source), "verifier": self.verifier_key,
                     **gen}
         result = self.stage("generate", settings, out / "conversations.jsonl",
-                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen))
+                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen,
+                                                                bool(self.cfg["trust_remote_code"])))
         if not result or result.get("skipped"):
             reason = (result or {}).get("reason")
             if not fallback:  # on-policy data was asked for: never train off-policy without saying so in the config
@@ -232,6 +236,7 @@ class Pipeline:
             log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
                         out, aside)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
+        cfg.trust_remote_code = bool(self.cfg["trust_remote_code"])  # recorded in the training metadata
         r = train(cfg)
         return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
                 "best": r["best"], "final": r.get("final")}
@@ -247,7 +252,8 @@ class Pipeline:
         self.summary["evaluate"] = self.stage(
             "evaluate", settings, self.run_dir / "evaluate" / "results.json",
             lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
-                                      offline=run_offline, **ev),
+                                      offline=run_offline, trust_remote_code=bool(self.cfg["trust_remote_code"]),
+                                      **ev),
             after=tuple(f"export-{fmt}" for fmt in exports))
 
 

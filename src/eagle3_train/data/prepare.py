@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import DEFAULT_VERIFIER, from_pretrained, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
@@ -92,8 +92,10 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
 def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
             overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
             chat_template: str | None = None, val_count: int | None = None,
-            leading_assistant: str = "trim", reasoning: str = "auto") -> dict[str, Any]:
-    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
+            leading_assistant: str = "trim", reasoning: str = "auto",
+            trust_remote_code: bool = False) -> dict[str, Any]:
+    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
+    `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded)."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -104,7 +106,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     template, template_source = _chat_template(chat_template)
     conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
     verifier_dir = resolve_verifier(verifier)
-    tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
+    tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)
     except ValueError as e:
@@ -198,6 +200,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     manifest: dict[str, Any] = {
         "stage": "prepare",
         "created": now_iso(),
+        "trust_remote_code": bool(trust_remote_code),
         "source": info.to_dict(),
         "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
                      "vocab_size": verifier_vocab_size(verifier_dir)},
@@ -289,7 +292,8 @@ def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: boo
     from transformers import AutoTokenizer
 
     dd, manifest = load_prepared(prepared_dir)
-    tokenizer = AutoTokenizer.from_pretrained(manifest["tokenizer"]["path"])
+    tokenizer = from_pretrained(AutoTokenizer, manifest["tokenizer"]["path"],
+                                manifest.get("trust_remote_code", False))
     if color is None:
         color = sys.stdout.isatty()
     ds = dd[split]
@@ -319,6 +323,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a thinking model's reasoning_content: through the chat template, inline in <think> tags, "
                         "dropped, or auto (template when it renders reasoning, else inline); supervised like the "
                         "answer")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a tokenizer that the verifier ships as code (e.g. Kimi's); off by default, recorded")
     p.add_argument("--preview", type=int, default=0, metavar="N",
                    help="print N samples with the supervised tokens highlighted")
 
@@ -327,7 +333,8 @@ def main(args: argparse.Namespace) -> int:
     manifest = prepare(args.data, args.verifier, args.out, max_length=args.max_length, overflow=args.overflow,
                        val_fraction=args.val_fraction, seed=args.seed, limit=args.limit,
                        chat_template=args.chat_template, val_count=args.val_count,
-                       leading_assistant=args.leading_assistant, reasoning=args.reasoning)
+                       leading_assistant=args.leading_assistant, reasoning=args.reasoning,
+                       trust_remote_code=args.trust_remote_code)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"

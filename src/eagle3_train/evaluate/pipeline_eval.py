@@ -21,14 +21,16 @@ log = logging.getLogger(__name__)
 
 def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = 3,
                       fmt: str = "eagle", max_tokens: int = 128, concurrency: int = 8, baseline: bool = False,
-                      log_dir: str | Path | None = None, enforce_eager: bool = True) -> dict[str, Any]:
+                      log_dir: str | Path | None = None, enforce_eager: bool = True,
+                      trust_remote_code: bool = False) -> dict[str, Any]:
     """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check)."""
     log_dir = Path(log_dir) if log_dir else None
     if fmt == "speculators":  # the speculators config names the verifier: `vllm serve DRAFT` alone
-        server = VLLMServer(draft_dir, enforce_eager=enforce_eager,
+        server = VLLMServer(draft_dir, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
                             log_path=log_dir / "vllm-speculators.log" if log_dir else None)
     else:
         server = VLLMServer(verifier_dir, speculative=speculative_config(draft_dir, k), enforce_eager=enforce_eager,
+                            trust_remote_code=trust_remote_code,
                             log_path=log_dir / f"vllm-{fmt}.log" if log_dir else None)
     with server:
         result = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=max_tokens,
@@ -36,7 +38,7 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
         result["startup_s"] = server.startup_s
     result.update({"format": fmt, "draft": str(draft_dir), "k": k})
     if baseline:
-        with VLLMServer(verifier_dir, enforce_eager=enforce_eager,
+        with VLLMServer(verifier_dir, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
                         log_path=log_dir / "vllm-baseline.log" if log_dir else None) as base:
             plain = evaluate_served(base.base_url, base.model_name, prompts, max_tokens=max_tokens,
                                     concurrency=concurrency)
@@ -61,7 +63,7 @@ def acceptance_summary(result: dict[str, Any]) -> dict[str, Any]:
 def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path, *, vllm: bool | str = "auto",
                       offline: bool = False, benchmark: str = "mtbench", num_prompts: int = 80, turns: int = 1,
                       max_tokens: int = 128, k: int = 3, concurrency: int = 8, baseline: bool = False,
-                      offline_prompts: int = 10) -> dict[str, Any]:
+                      offline_prompts: int = 10, trust_remote_code: bool = False) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
     results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
@@ -70,7 +72,8 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
         if ok:
             for fmt, draft in exports.items():
                 r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
-                                      concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir)
+                                      concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir,
+                                      trust_remote_code=trust_remote_code)
                 write_json(out_dir / f"vllm-{fmt}.json", r)
                 results[f"vllm_{fmt}"] = acceptance_summary(r)
         elif vllm == "auto":

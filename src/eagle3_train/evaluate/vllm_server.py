@@ -93,8 +93,9 @@ class VLLMServer:
                  speculative: dict[str, Any] | None = None, enforce_eager: bool = False,
                  python: str | os.PathLike | None = None, log_path: str | os.PathLike | None = None,
                  startup_timeout: float = 900.0, kv_cache_space_gb: int = 2, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, trust_remote_code: bool = False) -> None:
         self.model = str(model)
+        self.trust_remote_code = trust_remote_code  # vLLM's --trust-remote-code: the model's own code (Kimi)
         self.host = host
         self.port = port
         self.max_model_len = max_model_len
@@ -136,6 +137,8 @@ class VLLMServer:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
         return cmd + self.extra_args
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -236,6 +239,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="skip torch.compile: faster start, slower decode")
     p.add_argument("--log", help="server log file (default: a temporary file)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let vLLM run code the verifier ships (e.g. Kimi's tokenizer); off by default")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -249,7 +254,8 @@ def main(args: argparse.Namespace) -> int:
         spec = speculative_config(args.draft, args.num_speculative_tokens) if args.draft else None
     server = VLLMServer(model, port=args.port, host=args.host, max_model_len=args.max_model_len, dtype=args.dtype,
                         served_model_name=args.served_model_name, speculative=spec, enforce_eager=args.enforce_eager,
-                        log_path=args.log, startup_timeout=args.startup_timeout)
+                        log_path=args.log, startup_timeout=args.startup_timeout,
+                        trust_remote_code=args.trust_remote_code)
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (service managers, kill) stops the server like Ctrl-C
 

@@ -29,7 +29,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import DEFAULT_VERIFIER, resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import (
+    DEFAULT_VERIFIER,
+    from_pretrained,
+    resolve_verifier,
+    same_verifier,
+    verifier_identity,
+)
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
 from eagle3_train.utils.progress import progress
@@ -304,7 +310,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
             layer_ids: Sequence[int] | str | None = None, dtype: str = "bfloat16", device: str | None = None,
             token_budget: int = DEFAULT_TOKEN_BUDGET, shard_tokens: int | None = None,
             splits: Sequence[str] = ("train", "validation"), max_samples: int | None = None,
-            compute_dtype: str | None = None, overwrite: bool = False, disk_margin: int | None = None) -> dict:
+            compute_dtype: str | None = None, overwrite: bool = False, disk_margin: int | None = None,
+            trust_remote_code: bool = False) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -324,7 +331,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
     store_dtype = _torch_dtype(dtype)
     ds = load_prepared(prepared_dir, splits)
     verifier_path = resolve_verifier(verifier)
-    config = AutoConfig.from_pretrained(verifier_path)
+    config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
     ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
@@ -417,7 +424,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
         **settings,
         "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
         "aux_width": len(ids) * hidden, "bytes_per_token": bytes_per_token, "splits": {},
-        "token_budget": token_budget, "device": device,
+        "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
         "estimated_bytes": total_tokens * bytes_per_token,
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
@@ -439,7 +446,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path, out_dir: str | Path,
             if todo and model is None:
                 log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
                 t_load, cpu_load = time.perf_counter(), time.process_time()
-                model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=compute_torch_dtype)
+                model = from_pretrained(AutoModelForCausalLM, verifier_path, trust_remote_code,
+                                        dtype=compute_torch_dtype)
                 model = model.to(device).eval()
                 base, layers = decoder_parts(model)
                 capture = AuxCapture(layers, ids, store_dtype)
@@ -525,6 +533,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda[:N]")
     p.add_argument("--splits", default="train,validation", help="comma-separated splits (default %(default)s)")
     p.add_argument("--max-samples", type=int, help="only the first N samples of each split")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow config/model classes the verifier ships as code (e.g. Kimi's); off by default, recorded")
     p.add_argument("--overwrite", action="store_true",
                    help="replace hidden states in --out that were made with other settings")
 
@@ -533,7 +543,8 @@ def main(args: argparse.Namespace) -> int:
     manifest = extract(args.prepared, args.verifier, args.out, layer_ids=args.layer_ids, dtype=args.dtype,
                        device=args.device, token_budget=args.token_budget, shard_tokens=args.shard_tokens,
                        splits=tuple(s.strip() for s in args.splits.split(",") if s.strip()),
-                       max_samples=args.max_samples, compute_dtype=args.compute_dtype, overwrite=args.overwrite)
+                       max_samples=args.max_samples, compute_dtype=args.compute_dtype, overwrite=args.overwrite,
+                       trust_remote_code=args.trust_remote_code)
     c, tp = manifest["counts"], manifest.get("throughput") or {}
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {args.out} "
           f"(layers {manifest['layer_ids']}, {manifest['dtype']}"

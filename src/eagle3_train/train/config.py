@@ -11,7 +11,7 @@ from typing import Any
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
     "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard",
-    "allow_aux_layer_mismatch"})
+    "allow_aux_layer_mismatch", "trust_remote_code"})
 
 
 @dataclass
@@ -56,6 +56,7 @@ class TrainConfig:
     finetune_vocab: str = "keep"  # keep | rebuild
     allow_missing: bool = False
     allow_aux_layer_mismatch: bool = False  # finetune on other verifier layers than the source's (recorded)
+    trust_remote_code: bool = False  # the verifier's own code was allowed upstream (prepare/extract); recorded
     # bookkeeping
     log_every: int = 10
     eval_every: int | None = None  # steps; default: end of each epoch

@@ -427,6 +427,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-aux-layer-mismatch", action="store_true", default=None,
                    help="finetune even when the source's features came from other verifier layers than the run's "
                         "hidden states (recorded in the training metadata)")
+    p.add_argument("--trust-remote-code", action="store_true", default=None,
+                   help="record that the verifier's own code is trusted (as for prepare/extract); off by default")
     p.add_argument("--dry-run", action="store_true",
                    help="check everything at full size (verifier, data, vocab, finetune source, exports) without "
                         "optimizer steps or weight data; writes OUT/training_metadata.dry-run.json")
@@ -439,7 +441,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raw = load_yaml(args.config)
     raw = apply_overrides(raw, args.set)
     values = dict(raw.get("train", {}))
-    for field in list(_FLAGS.values()) + ["resume", "allow_missing", "allow_aux_layer_mismatch"]:
+    for field in list(_FLAGS.values()) + ["resume", "allow_missing", "allow_aux_layer_mismatch",
+                                         "trust_remote_code"]:
         v = getattr(args, field, None)
         if v is not None:
             values[field] = v
