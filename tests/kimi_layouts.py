@@ -78,17 +78,28 @@ def write_aq_medai_draft(d: Path, with_embed: bool = False, config: dict | None 
     return d
 
 
-def write_kimi_verifier(d: Path, with_weights: bool = True) -> Path:
-    """config.json, and (with_weights) a sparse safetensors holding just the embedding and lm_head [163840, 7168]."""
+def write_kimi_verifier(d: Path, with_weights: bool = True, hidden: int = H, real_head: bool = False) -> Path:
+    """config.json, and (with_weights) a safetensors holding just the embedding and lm_head [163840, hidden]: zeros
+    in a sparse file, or random bf16 values (`real_head`, for a real forward/backward at reduced width). A `hidden`
+    below 7168 gives a width-reduced copy (heads of 128, the MLP scaled alike) with Kimi's 61 layers and vocabulary."""
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(KIMI_K2_CONFIG, indent=2))
-    if with_weights:
-        write_sparse_safetensors(d / "model.safetensors", {"model.embed_tokens.weight": (V, H),
-                                                          "lm_head.weight": (V, H)}, {})
+    config = dict(KIMI_K2_CONFIG)
+    if hidden != H:
+        config.update(hidden_size=hidden, num_attention_heads=hidden // HEAD_DIM,
+                      num_key_value_heads=hidden // HEAD_DIM, intermediate_size=INTER * hidden // H // 256 * 256)
+    (d / "config.json").write_text(json.dumps(config, indent=2))
+    if with_weights and real_head:
+        g = torch.Generator().manual_seed(1)
+        save_file({k: (0.02 * torch.randn(V, hidden, generator=g)).to(torch.bfloat16)
+                   for k in ("model.embed_tokens.weight", "lm_head.weight")}, str(d / "model.safetensors"))
+    elif with_weights:
+        write_sparse_safetensors(d / "model.safetensors", {"model.embed_tokens.weight": (V, hidden),
+                                                          "lm_head.weight": (V, hidden)}, {})
     return d
 
 
-def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int = 6, length: int = 24) -> dict:
+def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int = 6, length: int = 24,
+                     hidden: int = H) -> dict:
     """prepared/ (a DatasetDict), vocab/vocab.safetensors (32000 tokens) and hidden/ (real bf16 hidden states at
     width 7168, written with extract's own shard writer) for `verifier`. Returns the paths."""
     from datasets import Dataset, DatasetDict
@@ -108,27 +119,27 @@ def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int 
     d2t, t2d = vocab_from_ids(random_token_ids(VD, seed=12, vocab_size=V), V)
     save_file({"d2t": d2t, "t2d": t2d}, str(vocab / "vocab.safetensors"))
 
-    hidden = root / "hidden"
+    hidden_dir = root / "hidden"
     manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "complete",
                 "verifier": verifier_identity(verifier, hash_weights=False), "verifier_name": str(verifier),
-                "layer_ids": list(layer_ids), "dtype": "bfloat16", "hidden_size": H, "num_layers": L,
+                "layer_ids": list(layer_ids), "dtype": "bfloat16", "hidden_size": hidden, "num_layers": L,
                 "prepared_manifest_sha256": sha256_file(prepared / "manifest.json"), "splits": {}}
     total = 0
     for split, r in rows.items():
-        (hidden / split).mkdir(parents=True)
+        (hidden_dir / split).mkdir(parents=True)
         plan = ShardPlan(0, tuple(range(len(r))), tuple(len(x) for x in r))
         n = plan.num_tokens
-        aux = torch.randn(n, 3 * H, generator=g).to(torch.bfloat16)
-        final = torch.randn(n, H, generator=g).to(torch.bfloat16)
-        entry = _write_shard(hidden / split / "shard-00000.safetensors", aux, final, plan, {"format": FORMAT})
-        write_json(hidden / split / "index.json", _index(split, [plan], {0: entry}))
+        aux = torch.randn(n, 3 * hidden, generator=g).to(torch.bfloat16)
+        final = torch.randn(n, hidden, generator=g).to(torch.bfloat16)
+        entry = _write_shard(hidden_dir / split / "shard-00000.safetensors", aux, final, plan, {"format": FORMAT})
+        write_json(hidden_dir / split / "index.json", _index(split, [plan], {0: entry}))
         manifest["splits"][split] = {"num_samples": len(r), "num_tokens": n, "num_shards": 1,
                                      "bytes": entry["bytes"], "complete": True}
         total += entry["bytes"]
     manifest["counts"] = {"samples": sum(len(r) for r in rows.values()),
                           "tokens": sum(len(x) for r in rows.values() for x in r), "bytes": total}
-    write_json(hidden / "manifest.json", manifest)
-    return {"prepared": prepared, "vocab": vocab, "hidden": hidden}
+    write_json(hidden_dir / "manifest.json", manifest)
+    return {"prepared": prepared, "vocab": vocab, "hidden": hidden_dir}
 
 
 def kimi_train_config(paths: dict, out: Path, **kw) -> TrainConfig:

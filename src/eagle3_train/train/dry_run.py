@@ -53,7 +53,7 @@ def _gib(n: float) -> str:
 
 # --- memory and disk ------------------------------------------------------------------------------------------------
 def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes: tuple[int, ...] = (1, 8),
-                   targets_chunk: int = 1024) -> dict[str, Any]:
+                   max_target_elements: int = 2**26) -> dict[str, Any]:
     """Bytes per rank by counting (no activations: those depend on the data; see benchmarks/kimi_dry_run.py).
 
     Hook: the `eagle3-train plan` module computes the same and more; this local count keeps the dry run standalone.
@@ -66,6 +66,7 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     head_dtype = verifier_tensor_dtype(precision)
     esize = torch.empty((), dtype=head_dtype).element_size()
     V, H = inputs.lm_head.shape
+    targets_chunk = max(1, min(1024, max_target_elements // V))  # as verifier_targets cuts it
     parts = {
         "trainable weights (fp32 master)": 4 * trainable,
         "gradients (fp32)": 4 * trainable,

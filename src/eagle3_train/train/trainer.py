@@ -62,8 +62,10 @@ def _autocast(device: torch.device, precision: str):
 
 
 def verifier_tensor_dtype(precision: str) -> torch.dtype:
-    """dtype of the frozen verifier tensors the trainer keeps on the device (embedding, lm_head for the targets)."""
-    return torch.float32
+    """dtype of the frozen verifier tensors the trainer keeps on the device (embedding, lm_head for the targets).
+    Under bf16 autocast they are used in bf16 anyway: storing them so halves the largest frozen memory (at Kimi's size
+    2 x 2.2 GiB instead of 2 x 4.4 GiB); they are never in the optimizer."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
@@ -130,6 +132,9 @@ class Trainer:
             self.init_record = apply_finetune_source(self.model, cfg, self.inputs, source)
         else:
             self.model = build_model(cfg, self.inputs)
+        frozen = verifier_tensor_dtype(self.precision)
+        self.model.embed_tokens.to(frozen)
+        self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
