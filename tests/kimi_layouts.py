@@ -78,6 +78,34 @@ def write_aq_medai_draft(d: Path, with_embed: bool = False, config: dict | None 
     return d
 
 
+def write_aq_medai_layout(d: Path, config: dict, sglang_ids: list[int], seed: int = 0) -> Path:
+    """The AQ-MedAI layout (bf16 `midlayer.*`, d2t/t2d, nested-only aux ids, training_state.pt) at another verifier's
+    dimensions (`config`: a Llama config dict) with real random weights, e.g. SmolLM2's for a vLLM test."""
+    Hs, heads, kv = config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"]
+    hd, inter, vocab, vd = config["head_dim"], config["intermediate_size"], config["vocab_size"], VD // 8
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"midlayer.self_attn.q_proj.weight": (heads * hd, 2 * Hs), "midlayer.self_attn.k_proj.weight":
+              (kv * hd, 2 * Hs), "midlayer.self_attn.v_proj.weight": (kv * hd, 2 * Hs),
+              "midlayer.self_attn.o_proj.weight": (Hs, heads * hd), "midlayer.mlp.gate_proj.weight": (inter, Hs),
+              "midlayer.mlp.up_proj.weight": (inter, Hs), "midlayer.mlp.down_proj.weight": (Hs, inter),
+              "fc.weight": (Hs, 3 * Hs), "lm_head.weight": (vd, Hs)}
+    tensors = {k: (0.02 * torch.randn(s, generator=g)).to(torch.bfloat16) for k, s in shapes.items()}
+    for k in ("midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+              "midlayer.post_attention_layernorm.weight", "norm.weight"):
+        tensors[k] = torch.ones(Hs, dtype=torch.bfloat16)
+    tensors["d2t"], tensors["t2d"] = vocab_from_ids(random_token_ids(vd, seed=seed + 1, vocab_size=vocab), vocab)
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(d / "model.safetensors"))
+    cfg = {**AQ_MEDAI_CONFIG, "hidden_size": Hs, "num_attention_heads": heads, "num_key_value_heads": kv,
+           "head_dim": hd, "intermediate_size": inter, "vocab_size": vocab, "draft_vocab_size": vd,
+           "rope_theta": config["rope_theta"], "max_position_embeddings": config["max_position_embeddings"],
+           "rms_norm_eps": config["rms_norm_eps"], "bos_token_id": None, "eos_token_id": None,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(sglang_ids), "use_aux_hidden_state": True}}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    torch.save({"epoch": 1}, d / "training_state.pt")
+    return d
+
+
 def write_kimi_verifier(d: Path, with_weights: bool = True, hidden: int = H, real_head: bool = False) -> Path:
     """config.json, and (with_weights) a safetensors holding just the embedding and lm_head [163840, hidden]: zeros
     in a sparse file, or random bf16 values (`real_head`, for a real forward/backward at reduced width). A `hidden`
