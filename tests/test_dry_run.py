@@ -112,3 +112,20 @@ def test_run_dry_run_validates_the_config_and_says_what_it_did_not_check(tmp_pat
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
     config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\ntrain:\n  finetune_vocb: rebuild\n")
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2  # a mistyped key fails the dry run
+
+
+def test_run_dry_run_checks_train_on_the_stages_already_done(kimi, tmp_path, capsys):
+    root, verifier, _ = kimi
+    rd = tmp_path / "run"
+    paths = write_run_inputs(rd, verifier, layer_ids=LAYERS)
+    paths["hidden"].rename(rd / "hidden_states")  # the pipeline's directory names
+    (rd / "pipeline_state.json").write_text(json.dumps({"stages": {s: {} for s in ("prepare", "vocab", "extract")}}))
+    source = write_aq_medai_draft(tmp_path / "draft")
+    config = tmp_path / "kimi.yaml"
+    config.write_text(f"run_dir: {rd}\nverifier: {verifier}\ntrust_remote_code: true\n"
+                      f"train:\n  finetune_from: {source}\n  finetune_vocab: rebuild\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "extract: done" in printed and "dry run: checked" in printed and "NOT checked" in printed
+    meta = json.loads((rd / "train" / METADATA_FILE).read_text())
+    assert meta["settings"]["trust_remote_code"] is True and meta["init"]["aux_layers"]["match"] is True
