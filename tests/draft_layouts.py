@@ -142,6 +142,22 @@ def write_specforge(ref: Eagle3Draft, d: Path, embed: torch.Tensor) -> Path:
     return d
 
 
+def write_eagle_aux_keys(ref: Eagle3Draft, d: Path, top: list[int] | None, nested: list[int] | None) -> Path:
+    """A SpecForge-style draft (no embed_tokens) whose config carries exactly the aux-layer keys given:
+    `top` as top-level eagle_aux_hidden_state_layer_ids, `nested` inside eagle_config (None = key absent)."""
+    tensors = _draft_tensors(ref, "midlayer.", torch.bfloat16)
+    eagle_config: dict = {"use_aux_hidden_state": True}
+    if nested is not None:
+        eagle_config["eagle_aux_hidden_state_layer_ids"] = list(nested)
+    config = {"architectures": ["LlamaForCausalLMEagle3"], **llama_fields(ref.config),
+              "draft_vocab_size": ref.config.draft_vocab_size, "torch_dtype": "bfloat16", "eagle_config": eagle_config}
+    if top is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = list(top)
+    _write_config(d, config)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
 def speculators_config(ref: Eagle3Draft, with_nbr_key: bool = True, aux_ids: list[int] | None = None) -> dict:
     c = ref.config
     config = {

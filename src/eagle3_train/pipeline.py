@@ -99,6 +99,7 @@ class Pipeline:
         rd.mkdir(parents=True, exist_ok=True)
         write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
         verifier = cfg["verifier"]
+        trc = bool(cfg["trust_remote_code"])  # not in the stage keys: it lets code run, it does not change outputs
         from eagle3_train.assets.verifier import resolve_verifier
 
         verifier_dir = resolve_verifier(verifier)
@@ -115,7 +116,8 @@ class Pipeline:
         from eagle3_train.data.prepare import prepare
 
         manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
-                              lambda: _counts(prepare(data_source, verifier, prepared, **prep)),
+                              lambda: _counts(prepare(data_source, verifier, prepared, **prep,
+                                                      trust_remote_code=trc)),
                               after=("generate",))
         self.summary["data"] = manifest
 
@@ -134,7 +136,7 @@ class Pipeline:
 
         self.summary["extract"] = self.stage(
             "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier, hidden, **cfg["extract"],
+            lambda: _extract_summary(extract(prepared, verifier, hidden, **cfg["extract"], trust_remote_code=trc,
                                              overwrite=self._restarts("extract", e_settings))), after=("prepare",))
 
         train_out = rd / "train"
@@ -163,6 +165,36 @@ class Pipeline:
         print(format_summary(self.summary))
         return self.summary
 
+    def dry_run(self) -> dict[str, Any]:
+        """Validate the config and report which stages would run; when prepare, vocab and extract are done, run
+        `train --dry-run` on their outputs (nothing else is written)."""
+        from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.train.dry_run import dry_run, format_report
+
+        cfg, rd = self.cfg, self.run_dir
+        verifier_dir = resolve_verifier(cfg["verifier"])
+        t_values = {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"),
+                    "vocab": str(rd / "vocab"), "out": str(rd / "train"), "verifier": str(cfg["verifier"]),
+                    "trust_remote_code": bool(cfg["trust_remote_code"]), **cfg["train"]}
+        train_cfg = build_settings(TrainConfig, t_values, "config section 'train'")
+        done = {name: name in self.state["stages"] and out.exists()
+                for name, out in (("prepare", rd / "prepared" / "manifest.json"),
+                                  ("vocab", rd / "vocab" / "vocab.safetensors"),
+                                  ("extract", rd / "hidden_states" / "manifest.json"))}
+        lines = [f"run --dry-run: config valid, verifier {verifier_dir}"]
+        lines += [f"  {k}: {'done (its output is checked by the train dry run)' if v else 'would run'}"
+                  for k, v in done.items()]
+        report: dict[str, Any] = {"stages_done": done}
+        if all(done.values()):
+            report["train"] = dry_run(train_cfg)
+            lines.append(format_report(report["train"]))
+        else:
+            lines.append("NOT checked: train (its inputs do not exist yet: run the pipeline up to extract, or "
+                         "`eagle3-train train --dry-run` on existing outputs), export, evaluate")
+        print("\n".join(lines))
+        return report
+
     def _generate(self, data_source: str, verifier_dir: Path, gen: dict[str, Any]) -> str:
         from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
 
@@ -171,7 +203,8 @@ class Pipeline:
         settings = {"data": data_source, "data_sha256": data_sha256(data_source), "verifier": self.verifier_key,
                     **gen}
         result = self.stage("generate", settings, out / "conversations.jsonl",
-                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen))
+                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen,
+                                                                bool(self.cfg["trust_remote_code"])))
         if not result or result.get("skipped"):
             reason = (result or {}).get("reason")
             if not fallback:  # on-policy data was asked for: never train off-policy without saying so in the config
@@ -207,6 +240,7 @@ class Pipeline:
             log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
                         out, aside)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
+        cfg.trust_remote_code = bool(self.cfg["trust_remote_code"])  # recorded in the training metadata
         r = train(cfg)
         return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
                 "best": r["best"], "final": r.get("final")}
@@ -222,7 +256,8 @@ class Pipeline:
         self.summary["evaluate"] = self.stage(
             "evaluate", settings, self.run_dir / "evaluate" / "results.json",
             lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
-                                      offline=run_offline, **ev),
+                                      offline=run_offline, trust_remote_code=bool(self.cfg["trust_remote_code"]),
+                                      **ev),
             after=tuple(f"export-{fmt}" for fmt in exports))
 
 
@@ -291,6 +326,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     raw = apply_overrides(load_yaml(args.config), args.set)
-    raw.update({k: getattr(args, k) for k in explicit(args)})
+    raw.update({k: getattr(args, k) for k in explicit(args) if k != "dry_run"})
+    if getattr(args, "dry_run", False):
+        Pipeline(raw).dry_run()
+        return 0
     Pipeline(raw).run()
     return 0

@@ -30,6 +30,7 @@ MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
 CONCURRENCY = 8  # requests in flight against a server
 EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
 VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
+TRUST_HELP = "run code the verifier ships (e.g. Kimi's tokenizer/config classes); off by default, recorded"
 K_FLAGS = {"flag": "-k", "aliases": ("--num-speculative-tokens", "--speculative-tokens")}
 
 
@@ -40,6 +41,9 @@ class RunSettings:
     SECTION: ClassVar[str] = "run"
     run_dir: str = setting("runs/default", "directory of the whole run (every stage's output, summary.json)")
     verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
+    trust_remote_code: bool = setting(False, TRUST_HELP + " (prepare, extract, the vLLM servers)")
+    dry_run: bool = setting(False, "validate the config; with prepare/vocab/extract done, run `train --dry-run` on "
+                                   "their outputs", yaml=False)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class PrepareSettings:
     reasoning: ReasoningPlacement = setting(
         "auto", "a thinking model's reasoning_content: through the chat template, inline in <think> tags, dropped, "
                 "or auto (template when it renders reasoning, else inline); supervised like the answer")
+    trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
     preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N")
 
 
@@ -142,6 +147,7 @@ class ExtractSettings:
     model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)",
                                 yaml=False)
     concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False)
+    trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
 
 
 @dataclass
@@ -252,6 +258,7 @@ class ServeSettings:
     enforce_eager: bool = setting(False, "skip torch.compile: faster start, slower decode")
     log: str | None = setting(None, "server log file (default: a temporary file)")
     startup_timeout: float = setting(900.0, "seconds to wait for the server to come up")
+    trust_remote_code: bool = setting(False, TRUST_HELP)
     gpu_memory_utilization: float | None = setting(
         None, f"share of GPU memory (on CPU: of RAM) vLLM reserves (default: vLLM's; "
               f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)")

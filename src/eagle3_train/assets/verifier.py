@@ -105,6 +105,19 @@ def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER) -> Path:
                            f"a local directory, a .gguf file nor a hub id")
 
 
+def from_pretrained(loader, path: str | Path, trust_remote_code: bool, **kw):
+    """`loader.from_pretrained` with an explicit `trust_remote_code` (never transformers' interactive prompt): code
+    that a checkpoint ships (auto_map, e.g. Kimi's tokenizer and config) runs only when the user asked for it."""
+    try:
+        return loader.from_pretrained(path, trust_remote_code=bool(trust_remote_code), **kw)
+    except ValueError as e:
+        if "trust_remote_code" in str(e) and not trust_remote_code:
+            raise Eagle3InputError(f"{path} ships its own code ({loader.__name__} needs a class defined in the "
+                                   f"checkpoint's .py files, named by auto_map): loading it runs that code. Pass "
+                                   f"--trust-remote-code (YAML: trust_remote_code: true) if you trust it") from None
+        raise
+
+
 def weight_files(path: Path) -> list[Path]:
     return sorted(f for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES and f.is_file())
 

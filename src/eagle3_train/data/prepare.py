@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
@@ -99,8 +99,9 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
             overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
-            reasoning: str = _D.reasoning) -> dict[str, Any]:
-    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
+            reasoning: str = _D.reasoning, trust_remote_code: bool = _D.trust_remote_code) -> dict[str, Any]:
+    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
+    `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded)."""
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -111,7 +112,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     template, template_source = _chat_template(chat_template)
     conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
     verifier_dir = resolve_verifier(verifier)
-    tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
+    tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)
     except ValueError as e:
@@ -205,6 +206,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     manifest: dict[str, Any] = {
         "stage": "prepare",
         "created": now_iso(),
+        "trust_remote_code": bool(trust_remote_code),
         "source": info.to_dict(),
         "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
                      "vocab_size": verifier_vocab_size(verifier_dir)},
@@ -296,7 +298,8 @@ def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: boo
     from transformers import AutoTokenizer
 
     dd, manifest = load_prepared(prepared_dir)
-    tokenizer = AutoTokenizer.from_pretrained(manifest["tokenizer"]["path"])
+    tokenizer = from_pretrained(AutoTokenizer, manifest["tokenizer"]["path"],
+                                manifest.get("trust_remote_code", False))
     if color is None:
         color = sys.stdout.isatty()
     ds = dd[split]
@@ -316,7 +319,7 @@ def main(args: argparse.Namespace) -> int:
     manifest = prepare(s.data, s.verifier, s.out, max_length=s.max_length, overflow=s.overflow,
                        val_fraction=s.val_fraction, seed=s.seed, limit=s.limit, chat_template=s.chat_template,
                        val_count=s.val_count, leading_assistant=s.leading_assistant,
-                       reasoning=s.reasoning)
+                       reasoning=s.reasoning, trust_remote_code=s.trust_remote_code)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"

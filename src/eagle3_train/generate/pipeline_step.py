@@ -34,8 +34,8 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int) ->
     return out_file
 
 
-def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any]
-                                ) -> dict[str, Any]:
+def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
+                                trust_remote_code: bool = False) -> dict[str, Any]:
     from eagle3_train.generate.regenerate import regenerate
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
@@ -48,6 +48,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
         source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns)))
     out_dir.mkdir(parents=True, exist_ok=True)
     with VLLMServer(verifier_dir, enforce_eager=True, log_path=out_dir / "vllm.log",
-                    max_model_len=int(s.pop("max_model_len", GenerateSettings.max_model_len))) as server:
+                    max_model_len=int(s.pop("max_model_len", GenerateSettings.max_model_len)),
+                    trust_remote_code=trust_remote_code) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}

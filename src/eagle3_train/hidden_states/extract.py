@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.assets.verifier import (
+    from_pretrained,
     recorded_name,
     required_verifier,
     resolve_verifier,
@@ -324,7 +325,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
             disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
-            vllm_options: dict[str, Any] | None = None) -> dict:
+            vllm_options: dict[str, Any] | None = None, trust_remote_code: bool = _D.trust_remote_code) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -354,7 +355,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
         verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
     verifier_path = resolve_verifier(verifier)
-    config = AutoConfig.from_pretrained(verifier_path)
+    config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
     ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
@@ -452,7 +453,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         **settings,
         "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
         "aux_width": len(ids) * hidden, "bytes_per_token": bytes_per_token, "splits": {},
-        "token_budget": token_budget, "device": device,
+        "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
         "estimated_bytes": total_tokens * bytes_per_token,
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
@@ -482,7 +483,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             elif todo and model is None:
                 log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
                 t_load, cpu_load = time.perf_counter(), time.process_time()
-                model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=compute_torch_dtype)
+                model = from_pretrained(AutoModelForCausalLM, verifier_path, trust_remote_code,
+                                        dtype=compute_torch_dtype)
                 model = model.to(device).eval()
                 base, layers = decoder_parts(model)
                 capture = AuxCapture(layers, ids, store_dtype)
@@ -568,7 +570,8 @@ def main(args: argparse.Namespace) -> int:
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
                        backend=s.backend, endpoints=s.endpoint,
-                       vllm_options={"model": s.model, "concurrency": s.concurrency})
+                       vllm_options={"model": s.model, "concurrency": s.concurrency},
+                       trust_remote_code=s.trust_remote_code)
     c, tp = manifest["counts"], manifest.get("throughput") or {}
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {s.out} "
           f"(layers {manifest['layer_ids']}, {manifest['dtype']}"

@@ -142,18 +142,45 @@ def _rope(c: dict[str, Any]) -> tuple[float, dict | None]:
     return float(theta), scaling
 
 
-def aux_ids_origin(cfg: dict[str, Any], fmt: str) -> str:
+def _aux_list(value: Any, key: str, where: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 3 or not all(isinstance(i, int) for i in value):
+        raise Eagle3InputError(f"{where}: {key} must list 3 verifier layer ids, got {value!r}")
+    return [int(i) for i in value]
+
+
+def read_aux_ids(cfg: dict[str, Any], fmt: str, where: str = "draft config") -> tuple[list[int] | None, str]:
+    """The verifier layers a draft's features come from, in vLLM's convention (input of layer i), and their origin.
+
+    Top-level ids are vLLM's (input of layer i); ids only in `eagle_config` are SGLang's (output of layer i = input of
+    i+1), shifted here; both present must name the same layers; neither = the engines' default (None here).
+    """
     if fmt == OURS:
-        return AUX_OURS
-    if cfg.get("eagle_aux_hidden_state_layer_ids"):
-        return AUX_TOP
-    if (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
-        return AUX_NESTED
-    return AUX_DEFAULT
+        return list(cfg.get("aux_layer_ids") or []) or None, AUX_OURS
+    top = _aux_list(cfg.get("eagle_aux_hidden_state_layer_ids") or None, "eagle_aux_hidden_state_layer_ids", where)
+    nested = _aux_list((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None,
+                       "eagle_config.eagle_aux_hidden_state_layer_ids", where)
+    if top and nested and [i + 1 for i in nested] != top:
+        raise Eagle3InputError(
+            f"{where}: eagle_aux_hidden_state_layer_ids {top} (vLLM: inputs of layers {top}) and "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} (SGLang: outputs of layers {nested} = inputs of "
+            f"{[i + 1 for i in nested]}) name different verifier layers: vLLM and SGLang would feed this draft "
+            f"different features, and nobody can tell which ones it was trained on. Fix the config (nested = "
+            f"top-level - 1) with the layers the draft was trained on.")
+    if top:
+        return top, AUX_TOP
+    if nested:
+        return [i + 1 for i in nested], AUX_NESTED
+    return None, AUX_DEFAULT
+
+
+def aux_ids_origin(cfg: dict[str, Any], fmt: str) -> str:
+    return read_aux_ids(cfg, fmt)[1]
 
 
 def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch.Tensor],
-                         notes: list[str]) -> DraftConfig:
+                         notes: list[str], where: str = "draft config") -> DraftConfig:
     """Translate an EAGLE- or speculators-format config.json into our DraftConfig."""
     if fmt == SPECULATORS:
         layer = dict(cfg.get("transformer_layer_config") or {})
@@ -168,16 +195,11 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
     theta, scaling = _rope(layer)
     lm = tensors.get("lm_head.weight")
     vd = _pick(top, "draft_vocab_size", default=lm.shape[0] if lm is not None else layer.get("vocab_size"))
-    ids = top.get("eagle_aux_hidden_state_layer_ids")
-    nested = eagle_cfg.get("eagle_aux_hidden_state_layer_ids")
-    if ids is None and nested:
-        ids = [i + 1 for i in nested]
-        notes.append(f"aux layer ids only in eagle_config {list(nested)}: read in SGLang's convention (output of "
-                     f"layer i) as vLLM ids {ids}; vLLM itself would read them unshifted - check the source's intent")
-    elif ids and nested and [i + 1 for i in nested] != list(ids):
-        notes.append(f"aux layer ids disagree: top-level {list(ids)} (vLLM, input of layer i) vs eagle_config "
-                     f"{list(nested)} (SGLang, output of layer i); using the top-level ids - the engines serve "
-                     f"different layers with this config")
+    ids, origin = read_aux_ids(top, fmt, where)
+    if origin == AUX_NESTED:
+        notes.append(f"aux layer ids only in eagle_config {[i - 1 for i in ids]}: read in SGLang's convention "
+                     f"(output of layer i) as vLLM ids {ids}; vLLM itself would read them unshifted - check the "
+                     f"source's intent")
     if "norm_before_residual" not in top:
         notes.append(f"source config has no norm_before_residual; using {default_nbr} as vLLM would for this format")
     return DraftConfig(
@@ -314,7 +336,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         config = DraftConfig.from_dict(source_config)
     else:
         try:
-            config = config_from_external(source_config, fmt, tensors, notes)
+            config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path))
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
         config = _reconcile_with_tensors(config, tensors, notes)

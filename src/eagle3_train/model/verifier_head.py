@@ -70,3 +70,38 @@ def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
     if weight is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")
     return weight, float(text.get("rms_norm_eps", 1e-6))
+
+
+def verifier_head_shapes(verifier_dir: str | Path, dtype: torch.dtype = torch.bfloat16
+                         ) -> tuple[torch.Tensor, torch.Tensor, dict, str]:
+    """(embedding, lm_head, config, origin) as meta tensors, for a dry run: shapes from the safetensors headers, or from
+    config.json when the directory has no weights (origin says which; no tensor data is read)."""
+    verifier_dir = Path(verifier_dir)
+    config = json.loads((verifier_dir / "config.json").read_text())
+    c = config.get("text_config", config)
+    V, H = int(c["vocab_size"]), int(c["hidden_size"])
+    try:
+        loc = _tensor_locations(verifier_dir)
+    except Eagle3InputError:
+        meta = torch.empty(V, H, dtype=dtype, device="meta")
+        return meta, meta, config, "config.json only (no weight files)"
+
+    def shape_of(keys: tuple[str, ...]) -> tuple[int, ...] | None:
+        for k in keys:
+            if k in loc:
+                with safe_open(str(loc[k]), "pt") as f:
+                    return tuple(f.get_slice(k).get_shape())
+        return None
+    embed = shape_of(_EMBED_KEYS)
+    if embed is None:
+        raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
+    head = shape_of(_HEAD_KEYS)
+    tied = config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))
+    if head is None and not tied:
+        raise Eagle3InputError(f"verifier {verifier_dir}: no lm_head.weight and tie_word_embeddings is false")
+    for name, shape in (("embedding", embed), ("lm_head", head or embed)):
+        if shape != (V, H):
+            raise Eagle3InputError(f"verifier {verifier_dir}: its {name} has shape {list(shape)}, but config.json "
+                                   f"says vocab_size {V} x hidden_size {H}")
+    return (torch.empty(embed, dtype=dtype, device="meta"), torch.empty(head or embed, dtype=dtype, device="meta"),
+            config, "safetensors headers (shapes only)")

@@ -143,8 +143,9 @@ class VLLMServer:
                  speculative: dict[str, Any] | None = None, enforce_eager: bool = False,
                  python: str | os.PathLike | None = None, log_path: str | os.PathLike | None = None,
                  startup_timeout: float = 900.0, kv_cache_space_gb: int = 2, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, trust_remote_code: bool = False) -> None:
         self.model = str(model)
+        self.trust_remote_code = trust_remote_code  # vLLM's --trust-remote-code: the model's own code (Kimi)
         self.host = host
         self.port = port
         self.max_model_len = max_model_len
@@ -188,6 +189,8 @@ class VLLMServer:
             cmd += ["--speculative-config", json.dumps(self.speculative)]
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.trust_remote_code:
+            cmd.append("--trust-remote-code")
         return cmd + self.extra_args
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -296,7 +299,8 @@ def main(args: argparse.Namespace) -> int:
                                                        else "`serve` (no --draft)")))
         spec = speculative_config(s.draft, s.k) if s.draft else None
     common = dict(port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
-                  served_model_name=s.served_model_name, log_path=s.log, startup_timeout=s.startup_timeout)
+                  served_model_name=s.served_model_name, log_path=s.log, startup_timeout=s.startup_timeout,
+                  trust_remote_code=s.trust_remote_code)
     memory = s.gpu_memory_utilization
     if s.extract_hidden_states:
         if s.draft:

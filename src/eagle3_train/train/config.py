@@ -12,7 +12,8 @@ from eagle3_train.utils.settings import setting
 # result: continuing under other values would silently mix two runs.
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
-    "eval_every", "save_every", "keep_last", "resume", "overwrite", "stop_after", "max_eval_batches", "tensorboard"})
+    "eval_every", "save_every", "keep_last", "resume", "overwrite", "stop_after", "max_eval_batches", "tensorboard",
+    "allow_aux_layer_mismatch", "trust_remote_code", "dry_run"})
 
 
 @dataclass
@@ -64,6 +65,14 @@ class TrainConfig:
         "keep", "finetuning: keep the source draft's vocabulary, or use this run's --vocab")
     allow_missing: bool = setting(False, "finetune even when the source lacks trainable tensors (they start "
                                          "random)")
+    allow_aux_layer_mismatch: bool = setting(
+        False, "finetune even when the source's features came from other verifier layers than the run's hidden "
+               "states (recorded in the training metadata)")
+    trust_remote_code: bool = setting(False, "record that the verifier's own code is trusted (as for "
+                                             "prepare/extract)", yaml=False)
+    dry_run: bool = setting(False, "check everything at full size (verifier, data, vocab, finetune source, exports) "
+                                   "without optimizer steps or weight data; writes OUT/training_metadata.dry-run.json",
+                            yaml=False)
     # bookkeeping
     log_every: int = setting(10, "log training metrics every N steps")
     eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)")

@@ -10,7 +10,10 @@ Policies:
 - Architecture: the draft follows the SOURCE (layers, intermediate size, heads, rope, eps, norm_before_residual,
   norm_before_fc, fc_norm, norm_output); the run's `train.*` architecture settings are replaced (noted if they differ).
 - Must match this verifier, else one Eagle3InputError before any training: hidden size (`fc.weight`), vocabulary
-  size (`t2d`, `embed_tokens.weight`), and the aux layers (the source's ids must equal the extracted `layer_ids`).
+  size (`t2d`, `embed_tokens.weight`), and the aux layers (the source's ids must equal the extracted `layer_ids`,
+  unless `allow_aux_layer_mismatch`; recorded as `init.aux_layers`). Source ids: top-level
+  `eagle_aux_hidden_state_layer_ids` = vLLM's "input of layer i"; only nested `eagle_config.…` = SGLang's "output of
+  layer i" (= input of i+1); both = must name the same layers; neither = the engines' default (2, L//2, L-3).
 - Tensors: every tensor of the built draft must come from the source; missing ones stop the run unless
   `allow_missing` (they then keep their fresh initialisation). `embed_tokens.weight` is never loaded (the verifier's
   embedding is used; a warning when they differ) and `*.rotary_emb.inv_freq` is recomputed; both are listed as
@@ -65,6 +68,7 @@ class FinetuneSource:
     t2d: torch.Tensor
     summary: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    aux_layers: dict[str, Any] = field(default_factory=dict)  # where the features came from vs. the run's layers
 
 
 def _verifier_dims(inputs) -> tuple[int, int, int]:
@@ -106,25 +110,55 @@ def _check_verifier_fit(loaded: LoadedDraft, inputs, H: int, V: int) -> None:
                                f"has {V} tokens: the source was made for a verifier with another tokenizer. {other}")
 
 
-def _check_aux_layers(loaded: LoadedDraft, inputs, L: int, notes: list[str]) -> None:
-    src, run = tuple(loaded.config.aux_layer_ids), tuple(inputs.layer_ids)
-    origin = {AUX_OURS: "from its draft_config.json", AUX_TOP: "from its config's eagle_aux_hidden_state_layer_ids",
-              AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids, SGLang's convention shifted by +1",
-              AUX_DEFAULT: f"its config names none, so the engines' default for this {L}-layer verifier"
+def _layers(ids) -> str:
+    ids = list(ids)
+    return f"inputs of verifier layers {ids} (= outputs of layers {[i - 1 for i in ids]})"
+
+
+def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, notes: list[str]) -> dict[str, Any]:
+    """Which verifier layers the source's features came from, which the run extracted, and whether they agree.
+
+    Refuses a disagreement (the fc would fuse other layers than it learned) unless `allow_mismatch`; the record goes
+    into the run's `init.aux_layers` either way.
+    """
+    src, run = list(loaded.config.aux_layer_ids), list(inputs.layer_ids)
+    sc = loaded.source_config
+    origin = {AUX_OURS: "from its draft_config.json (vLLM convention)",
+              AUX_TOP: "from its config's top-level eagle_aux_hidden_state_layer_ids (vLLM convention: input of layer "
+                       "i)" + (", and eagle_config's agree" if (sc.get("eagle_config") or {}).get(
+                           "eagle_aux_hidden_state_layer_ids") else ""),
+              AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids only (SGLang convention: output of layer "
+                          "i, shifted by +1)",
+              AUX_DEFAULT: f"its config names none, so the engines' default (2, L//2, L-3) for this {L}-layer verifier"
               }[loaded.aux_ids_origin]
+    record = {"source": src, "source_origin": loaded.aux_ids_origin, "source_explained": f"{_layers(src)}, {origin}",
+              "source_config_keys": {
+                  "eagle_aux_hidden_state_layer_ids": sc.get("eagle_aux_hidden_state_layer_ids"),
+                  "eagle_config.eagle_aux_hidden_state_layer_ids": (sc.get("eagle_config") or {}).get(
+                      "eagle_aux_hidden_state_layer_ids")},
+              "run": run, "run_from": f"layer_ids of the hidden-states manifest in {inputs.hidden_dir}",
+              "match": src == run, "allow_mismatch": bool(allow_mismatch)}
     where = f"finetune source {loaded.path}"
+    log.info("finetune: the source's features came from %s, %s; this run trains on %s (%s)", _layers(src), origin,
+             _layers(run), record["run_from"])
+    problem = None
     if max(src) > L:
-        raise Eagle3InputError(f"{where}: the draft reads verifier layers {list(src)} ({origin}), but verifier "
-                               f"{inputs.verifier_name} has only {L} layers: it was made for a deeper verifier")
-    if src != run:
+        problem = (f"{where}: the draft reads verifier layers {src} ({origin}), but verifier {inputs.verifier_name} "
+                   f"has only {L} layers: it was made for a deeper verifier")
+    elif src != run:
         ids = ",".join(map(str, src))
-        raise Eagle3InputError(
-            f"{where}: the draft was trained on verifier layers {list(src)} ({origin}), but the hidden states in "
-            f"{inputs.hidden_dir} hold layers {list(run)}: its fc would fuse other layers than it learned. Re-extract "
-            f"with `eagle3-train extract --layer-ids {ids}` or choose another source.")
+        problem = (f"{where}: the draft was trained on {_layers(src)} ({origin}), but the hidden states in "
+                   f"{inputs.hidden_dir} hold {_layers(run)}: its fc would fuse other layers than it learned. "
+                   f"Re-extract with `eagle3-train extract --layer-ids {ids}` or choose another source")
+    if problem and not allow_mismatch:
+        raise Eagle3InputError(problem + "; or pass --allow-aux-layer-mismatch to finetune on the run's layers "
+                                         "anyway (recorded in the training metadata).")
+    if problem:
+        _warn(notes, problem + "; finetuning on the run's layers anyway (allow_aux_layer_mismatch, recorded)")
     recorded = loaded.config.verifier_num_layers
     if loaded.aux_ids_origin == AUX_OURS and recorded and recorded != L:
         _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier_name} has {L}")
+    return record
 
 
 def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,8 +195,9 @@ def _source_vocab(loaded: LoadedDraft, V: int, notes: list[str]) -> tuple[torch.
     return d2t, expected
 
 
-def load_finetune_source(cfg, inputs) -> FinetuneSource:
-    """Read `cfg.finetune_from` in any layout and check it against the run's verifier and hidden states."""
+def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
+    """Read `cfg.finetune_from` in any layout and check it against the run's verifier and hidden states.
+    `read_data=False` (dry run): big tensors stay meta (shapes and dtypes from the headers), files are not hashed."""
     if cfg.finetune_vocab not in VOCAB_POLICIES:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
     loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
@@ -173,9 +208,10 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
     notes: list[str] = []
     for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
         _warn(notes, n)
-    _check_aux_layers(loaded, inputs, L, notes)
+    aux = aux_layer_record(loaded, inputs, L, bool(getattr(cfg, "allow_aux_layer_mismatch", False)), notes)
     d2t, t2d = _source_vocab(loaded, V, notes)
-    loaded = load_tensor_data(loaded)
+    if read_data:
+        loaded = load_tensor_data(loaded)
     overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
     for f in RUN_ARCH_SETTINGS:
         mine = getattr(cfg, f)
@@ -184,7 +220,7 @@ def load_finetune_source(cfg, inputs) -> FinetuneSource:
         if mine != overrides[f]:
             _warn(notes, f"train.{f}={mine} replaced by the source's {overrides[f]}")
     vocab = (d2t, t2d) if cfg.finetune_vocab == "keep" else None
-    return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes)
+    return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes, aux)
 
 
 def _check_built_for(model, source: FinetuneSource, policy: str, inputs) -> None:
@@ -240,8 +276,10 @@ def _remap_lm_head(model, src_lm: torch.Tensor, src_ids: torch.Tensor, inputs, l
     w.copy_(new)
 
 
-def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = None) -> dict[str, Any]:
-    """Load the source's weights into `model` (built for this verifier) and return the run's `init` record."""
+def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = None,
+                          copy: bool = True) -> dict[str, Any]:
+    """Load the source's weights into `model` (built for this verifier) and return the run's `init` record.
+    `copy=False` (dry run, meta model): every key, shape, dtype and vocab check, but no tensor data is touched."""
     source = source or load_finetune_source(cfg, inputs)
     loaded, policy = source.loaded, cfg.finetune_vocab
     notes = list(source.notes)
@@ -258,6 +296,9 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     for k, v in loaded.tensors.items():
         if k in _VOCAB_KEYS:
             continue
+        if k in wanted and tuple(v.shape) == wanted[k] and not v.is_floating_point():
+            raise Eagle3InputError(f"finetune source {loaded.path}: tensor '{loaded.source_name(k)}' is {v.dtype}, "
+                                   f"but a weight must be floating point: the file is not an EAGLE-3 draft")
         if k in wanted and tuple(v.shape) == wanted[k]:
             to_copy[k] = v
         elif k in wanted:
@@ -272,8 +313,10 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     embed = loaded.extra.get("embed_tokens.weight")
     if embed is not None:
         ignored.append(loaded.source_name("embed_tokens.weight"))
-        diff = _embed_difference(embed, inputs.embed)
-        if diff > 0:
+        diff = _embed_difference(embed, inputs.embed) if copy else None
+        if diff is None:
+            notes.append("the source's embed_tokens was not compared with the verifier's (dry run: no data read)")
+        elif diff > 0:
             _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
                          f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
         else:
@@ -294,21 +337,22 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
 
     params = dict(model.named_parameters())
     src_ids = torch.arange(source.d2t.shape[0]) + source.d2t
+    run_ids = torch.arange(inputs.d2t.shape[0]) + inputs.d2t
     with torch.no_grad():
         for k, v in to_copy.items():
-            if k == "lm_head.weight" and policy == "rebuild":
+            if not copy or (k == "lm_head.weight" and policy == "rebuild"):
                 continue
             params[k].copy_(v.to(params[k].dtype))  # cast to the built model's dtype
         if policy == "keep":
             model.set_vocab(source.d2t, source.t2d)
-            overlap = _vocab_overlap(src_ids, torch.arange(inputs.d2t.shape[0]) + inputs.d2t)
+            overlap = _vocab_overlap(src_ids, run_ids)
             notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's vocab "
                          f"{inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
         else:
             model.set_vocab(inputs.d2t, inputs.t2d)
-            if "lm_head.weight" in to_copy:
+            if "lm_head.weight" in to_copy and copy:
                 _remap_lm_head(model, to_copy["lm_head.weight"], src_ids, inputs, cfg.lm_head_init)
-            overlap = _vocab_overlap(src_ids, model.draft_token_ids().cpu())
+            overlap = _vocab_overlap(src_ids, run_ids)  # = the model's draft_token_ids()
             overlap["new_rows_from"] = "verifier lm_head" if cfg.lm_head_init == "verifier" else "random init"
             notes.append(f"vocab rebuild: {overlap['shared_tokens']} of {overlap['run_draft_vocab_size']} draft tokens "
                          f"keep their trained lm_head row ({overlap['share_of_run']:.1%}); the rest start from the "
@@ -329,6 +373,7 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
         "vocab_policy": policy,
         "vocab_overlap": overlap,
         "allow_missing": bool(cfg.allow_missing),
+        "aux_layers": source.aux_layers,
         "notes": notes,
     }
 

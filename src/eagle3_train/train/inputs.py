@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
-from eagle3_train.model.verifier_head import load_verifier_head
+from eagle3_train.model.verifier_head import load_verifier_head, verifier_head_shapes
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ def vocab_file(path: str | Path) -> Path:
     return p / "vocab.safetensors" if p.is_dir() else p
 
 
-def resolve_inputs(cfg) -> RunInputs:
+def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
+    """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
     from eagle3_train.vocab.build import load_vocab
 
     for name in ("prepared", "hidden_states", "vocab"):
@@ -82,7 +83,10 @@ def resolve_inputs(cfg) -> RunInputs:
         raise Eagle3InputError(
             f"verifier {verifier_dir} is not the one the hidden states in {hidden} were extracted with "
             f"({recorded_verifier.get('path')}): config or weight files differ")
-    embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    if head_shapes_only:
+        embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
+    else:
+        embed, lm_head, vcfg = load_verifier_head(verifier_dir)
     V = vcfg.get("text_config", vcfg)["vocab_size"]
     if t2d.shape[0] != V:
         raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "

@@ -22,8 +22,12 @@ class Targets:
 
 @torch.no_grad()
 def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                     t2d: torch.Tensor, chunk: int = 1024) -> Targets:
-    """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row."""
+                     t2d: torch.Tensor, chunk: int = 1024, max_elements: int = 2**26) -> Targets:
+    """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row.
+
+    Full-vocabulary logits exist only for one chunk of rows at a time (at most `max_elements` values: 256 MB in
+    fp32, e.g. 409 rows of Kimi's 163840 tokens), only to find the argmax; what is kept is over the draft vocab."""
+    chunk = max(1, min(chunk, max_elements // lm_head.shape[0]))
     B, L, _ = final.shape
     need = torch.zeros(B, L, dtype=torch.bool, device=final.device)
     need[:, :-1] = loss_mask[:, 1:]  # verifier position p predicts token p+1

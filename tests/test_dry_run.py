@@ -1,0 +1,131 @@
+"""`train --dry-run` at full size: the Kimi-K2 finetune rehearsal on a simulated AQ-MedAI checkpoint.
+
+Everything is written at its real shape (sparse files: the 2.4 GB draft and the 2 x 2.35 GB verifier head cost no
+disk), so this runs in CI in seconds; the width-reduced real forward/backward is benchmarks/kimi_dry_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from kimi_layouts import (
+    DEFAULT,
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    SGLANG_IDS,
+    VD,
+    H,
+    V,
+    aq_medai_shapes,
+    kimi_train_config,
+    write_aq_medai_draft,
+    write_kimi_verifier,
+    write_run_inputs,
+)
+
+from eagle3_train.cli import main as cli_main
+from eagle3_train.train.dry_run import METADATA_FILE, dry_run, read_safetensors_header
+from eagle3_train.utils.io import Eagle3InputError
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kimi")
+    verifier = write_kimi_verifier(root / "Kimi-K2-Instruct")
+    return root, verifier, write_run_inputs(root / "run-inputs", verifier, layer_ids=LAYERS)
+
+
+@pytest.mark.parametrize("with_embed,policy", [(False, "rebuild"), (True, "keep")])
+def test_kimi_finetune_dry_run_at_full_size(kimi, tmp_path, with_embed, policy):
+    root, verifier, paths = kimi
+    source = write_aq_medai_draft(tmp_path / "Kimi-K2-Instruct-eagle3", with_embed=with_embed)
+    out = tmp_path / "train"
+    report = dry_run(kimi_train_config(paths, out, finetune_from=str(source), finetune_vocab=policy))
+
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert meta["run"]["status"] == "dry-run" and meta["dry_run"]["checked"] == report["checked"]
+    init = meta["init"]
+    assert init["method"] == "finetune" and init["vocab_policy"] == policy and init["format"] == "eagle"
+    aux = init["aux_layers"]
+    assert aux["source"] == list(LAYERS) and aux["source_origin"] == "nested" and aux["match"] is True
+    assert aux["source_config_keys"]["eagle_config.eagle_aux_hidden_state_layer_ids"] == SGLANG_IDS
+    assert init["keys"]["ignored"] == (["embed_tokens.weight"] if with_embed else []) and not init["keys"]["missing"]
+    draft = meta["draft_config"]
+    assert (draft["hidden_size"], draft["head_dim"], draft["num_attention_heads"]) == (H, HEAD_DIM, HEADS)
+    assert draft["draft_vocab_size"] == VD and draft["vocab_size"] == V and draft["aux_layer_ids"] == list(LAYERS)
+
+    trainable = sum(math.prod(s) for k, s in aq_medai_shapes(False).items())
+    assert report["memory"]["trainable_parameters"] == trainable  # d2t/t2d are buffers, the embedding frozen
+    assert report["memory"]["frozen_parameters"] == V * H
+    assert report["not_checked"] and any("header-only" in c for c in report["not_checked"])
+
+    source_header = read_safetensors_header(source / "model.safetensors")
+    for fmt, layer0 in (("eagle", "midlayer."), ("speculators", "layers.0.")):
+        d = out / "dry-run-exports" / fmt
+        header = read_safetensors_header(d / "model.safetensors")
+        for k, v in source_header.items():
+            if k != "embed_tokens.weight":
+                assert header[k.replace("midlayer.", layer0)]["shape"] == v["shape"]
+        assert "embed_tokens.weight" not in header
+        assert (d / "model.safetensors").stat().st_blocks * 512 < 2**22  # sparse: the zeros take no disk
+    eagle_cfg = json.loads((out / "dry-run-exports" / "eagle" / "config.json").read_text())
+    assert eagle_cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+    assert eagle_cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == SGLANG_IDS
+    spec_cfg = json.loads((out / "dry-run-exports" / "speculators" / "config.json").read_text())
+    assert spec_cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+
+
+def test_a_run_on_the_default_layers_refuses_the_kimi_draft(kimi, tmp_path):
+    root, verifier, _ = kimi
+    paths = write_run_inputs(tmp_path / "default-layers", verifier, layer_ids=DEFAULT)
+    source = write_aq_medai_draft(tmp_path / "draft")
+    with pytest.raises(Eagle3InputError) as e:
+        dry_run(kimi_train_config(paths, tmp_path / "train", finetune_from=str(source)))
+    msg = str(e.value)
+    assert "inputs of verifier layers [3, 31, 59]" in msg and "inputs of verifier layers [2, 30, 58]" in msg
+    assert "--layer-ids 3,31,59" in msg and "--allow-aux-layer-mismatch" in msg
+
+
+def test_cli_dry_run_from_scratch_without_verifier_weights(tmp_path, capsys):
+    verifier = write_kimi_verifier(tmp_path / "config-only", with_weights=False)
+    paths = write_run_inputs(tmp_path / "inputs", verifier, layer_ids=DEFAULT)
+    out = tmp_path / "train"
+    rc = cli_main(["train", "--dry-run", "--prepared", str(paths["prepared"]), "--hidden-states",
+                   str(paths["hidden"]), "--vocab", str(paths["vocab"]), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "NOT checked" in printed and "no weight files" in printed
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert meta["init"]["method"] == "random" and meta["draft_config"]["head_dim"] == H // HEADS
+    assert not (out / "checkpoints").exists()
+
+
+def test_run_dry_run_validates_the_config_and_says_what_it_did_not_check(tmp_path, capsys):
+    verifier = write_kimi_verifier(tmp_path / "K2", with_weights=False)
+    config = tmp_path / "kimi.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\ntrain:\n  finetune_vocab: rebuild\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "prepare: would run" in printed and "NOT checked: train" in printed
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\ntrain:\n  finetune_vocb: rebuild\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2  # a mistyped key fails the dry run
+
+
+def test_run_dry_run_checks_train_on_the_stages_already_done(kimi, tmp_path, capsys):
+    root, verifier, _ = kimi
+    rd = tmp_path / "run"
+    paths = write_run_inputs(rd, verifier, layer_ids=LAYERS)
+    paths["hidden"].rename(rd / "hidden_states")  # the pipeline's directory names
+    (rd / "pipeline_state.json").write_text(json.dumps({"stages": {s: {} for s in ("prepare", "vocab", "extract")}}))
+    source = write_aq_medai_draft(tmp_path / "draft")
+    config = tmp_path / "kimi.yaml"
+    config.write_text(f"run_dir: {rd}\nverifier: {verifier}\ntrust_remote_code: true\n"
+                      f"train:\n  finetune_from: {source}\n  finetune_vocab: rebuild\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "extract: done" in printed and "dry run: checked" in printed and "NOT checked" in printed
+    meta = json.loads((rd / "train" / METADATA_FILE).read_text())
+    assert meta["settings"]["trust_remote_code"] is True and meta["init"]["aux_layers"]["match"] is True
