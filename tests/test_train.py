@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,17 @@ def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
     prepare("sharegpt", verifier, tmp_path / "other", max_length=128, limit=5, seed=1)
     with pytest.raises(Eagle3InputError, match="extracted from other data"):
         train(config(root, tmp_path / "run", prepared=str(tmp_path / "other"), max_steps=1))
+
+
+def test_refuses_hidden_states_with_unsorted_layer_ids(stages, tmp_path):
+    root, _ = stages
+    hidden = tmp_path / "hidden"
+    shutil.copytree(root / "hidden", hidden)
+    manifest = json.loads((hidden / "manifest.json").read_text())
+    manifest["layer_ids"] = manifest["layer_ids"][::-1]  # as an older extract stored `--layer-ids 3,2,1`
+    (hidden / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Eagle3InputError, match=r"manifest\.json: aux layer ids .* is not sorted.*--overwrite"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
 
 
 def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
