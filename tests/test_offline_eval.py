@@ -380,7 +380,7 @@ def test_cli_needs_a_verifier_when_none_is_recorded(tmp_path, tiny, capsys):
 def test_report_handles_served_results(tmp_path):
     from eagle3_train.evaluate.report import plot_acceptance
 
-    served = {"mode": "served", "tokens_per_s": 12.5,
+    served = {"mode": "served", "tokens_per_s": 12.5, "benchmarks": ["mini"],  # served: a list of names
               "acceptance": {"num_drafts": 10, "mean_acceptance_length": 2.1,
                              "per_position_acceptance": [0.6, 0.3, 0.2]}}
     table = format_table(served)
