@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from stage_helpers import train_config
 
+from eagle3_train import cli
 from eagle3_train.data.prepare import prepare
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
@@ -118,6 +123,55 @@ def test_refuses_hidden_states_with_unsorted_layer_ids(stages, tmp_path):
     (hidden / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(Eagle3InputError, match=r"manifest\.json: aux layer ids .* is not sorted.*--overwrite"):
         train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+
+def _damaged_copy(root: Path, tmp_path: Path) -> tuple[Path, Path]:
+    hidden = tmp_path / "hidden"
+    shutil.copytree(root / "hidden", hidden)
+    return hidden, sorted((hidden / "train").glob("shard-*.safetensors"))[-1]
+
+
+def _repair_command(message: str) -> list[str]:
+    found = re.search(r"delete that file and run `(eagle3-train extract [^`]*)`", message)
+    assert found, message
+    return shlex.split(found.group(1))[1:]
+
+
+def test_truncated_shard_stops_before_training_naming_it_and_the_repair(stages, tmp_path):
+    root, _ = stages
+    hidden, shard = _damaged_copy(root, tmp_path)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} has \d+ bytes but index.json records"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any step
+    with pytest.raises(Eagle3InputError) as e:
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+    shard.unlink()
+    assert cli.main(_repair_command(str(e.value))) == 0  # the command it names re-extracts the shard
+    train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+
+def test_shard_with_other_bytes_or_nan_stops_clearly(stages, tmp_path):
+    root, _ = stages
+    hidden, shard = _damaged_copy(root, tmp_path)
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # same size, other content
+    shard.write_bytes(bytes(data))
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} is corrupt \(its SHA-256 differs"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+    # NaN written into a shard whose index entry matches it (e.g. an extract from before the finiteness check).
+    shutil.copy2(root / "hidden" / "train" / shard.name, shard)
+    with safe_open(str(shard), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["aux"][:, 0] = float("nan")  # in every sample: the first step reads it
+    save_file(tensors, str(shard), metadata=meta)
+    index = json.loads((hidden / "train" / "index.json").read_text())
+    entry = next(x for x in index["shards"] if x["file"] == shard.name)
+    entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (hidden / "train" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} holds NaN/Inf in 'aux' for sample"):
+        train(config(root, tmp_path / "run2", hidden_states=str(hidden), max_steps=2))
 
 
 def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
