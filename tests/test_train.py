@@ -76,6 +76,29 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicated or missing log lines
 
 
+class _RunsCode:
+    """Unpickling this runs code: what a hostile training_state.pt would hold."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+def test_resume_refuses_a_training_state_that_would_run_code(stages, tmp_path):
+    root, _ = stages
+    run = tmp_path / "run"
+    train(config(root, run, max_steps=4, stop_after=2))
+    state_file = next((run / "checkpoints").glob("step-*")) / "training_state.pt"
+    state = torch.load(state_file, weights_only=False)  # our own file: trusted here
+    marker = tmp_path / "code-ran"
+    torch.save({**state, "extra": _RunsCode(marker)}, state_file)
+    with pytest.raises(Eagle3InputError, match=r"refusing to load .*training_state\.pt"):
+        train(config(root, run, max_steps=4, resume=True))
+    assert not marker.exists()
+
+
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
     root, _ = stages

@@ -195,7 +195,7 @@ class Trainer:
             raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
                                    f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
                                    f"--out.")
-        state = torch.load(latest / ckpt.STATE, map_location="cpu", weights_only=False)
+        state = ckpt.load_training_state(latest / ckpt.STATE)
         src = ckpt.load_draft(latest, embed=self.inputs.embed)
         if src.config.to_dict() != self.model.config.to_dict():
             raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
