@@ -232,7 +232,7 @@ class Trainer:
         cfg = self.cfg
         with _autocast(self.device, self.precision):
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
-                                       self.model.draft_token_ids(), self.model.t2d)
+                                       self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
                                checkpoint_mlp=cfg.checkpoint_mlp)
