@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,57 @@ def test_resume_refuses_a_training_state_that_would_run_code(stages, tmp_path):
     with pytest.raises(Eagle3InputError, match=r"refusing to load .*training_state\.pt"):
         train(config(root, run, max_steps=4, resume=True))
     assert not marker.exists()
+
+
+def test_run_killed_mid_epoch_resumes_bit_exact_from_a_timed_checkpoint(stages, tmp_path):
+    """No epoch ends before the kill: only the time-based checkpoint (checkpoint_every_minutes, here tiny so that
+    every step is due) leaves something to resume, and the resumed run equals an uninterrupted one."""
+    root, _ = stages
+    steps = 12
+    straight = tmp_path / "straight"
+    train(config(root, straight, max_steps=steps, epochs=1, noise=0.05))
+    killed = tmp_path / "killed"
+    script = ("import sys; from pathlib import Path; from stage_helpers import train_config; "
+              "from eagle3_train.train.trainer import train; "
+              f"train(train_config(Path({str(root)!r}), Path({str(killed)!r}), max_steps={steps}, epochs=1, "
+              "noise=0.05, checkpoint_every_minutes=1e-6, keep_last=100))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    pointer = killed / "checkpoints" / "latest.json"
+    try:
+        while proc.poll() is None:
+            if pointer.is_file() and json.loads(pointer.read_text())["dir"] >= "step-0000002":
+                proc.kill()
+                break
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == -9, err[-2000:]
+    assert not (killed / "final").exists()
+    at = json.loads(pointer.read_text())["dir"]
+    assert "step-0000002" <= at < f"step-{steps:07d}"
+    train(config(root, killed, max_steps=steps, epochs=1, noise=0.05, resume=True))
+    a, b = weights(straight), weights(killed)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_best_checkpoint_is_ranked_at_the_exported_k(stages, tmp_path):
+    import inspect
+
+    from eagle3_train.export.exporter import export
+
+    k = inspect.signature(export).parameters["speculative_tokens"].default  # what `export` writes for serving
+    root, _ = stages
+    result = train(config(root, tmp_path / "run", ttt_steps=k + 1, max_steps=6, eval_every=1, max_eval_batches=1))
+    key = f"accept_len_k{k}"
+    val = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in val if r["split"] == "validation"]
+    top = max(r[key] for r in val)
+    assert result["best"] == {key: top, "step": next(r["step"] for r in val if r[key] == top)}
+    best = json.loads((tmp_path / "run" / "checkpoints" / "best" / "training_metadata.json").read_text())
+    assert best["progress"]["step"] == result["best"]["step"]
 
 
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):

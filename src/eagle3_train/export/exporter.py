@@ -28,6 +28,7 @@ from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
 FORMATS = ("eagle", "speculators")
+DEFAULT_SPECULATIVE_TOKENS = 3  # k written into exports (and served); training ranks checkpoints/best at this k
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -91,7 +92,8 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = "eagle", dtype: str = "bfloat16",
-           speculative_tokens: int = 3, verifier: str | None = None, include_embed: bool = False) -> dict[str, Any]:
+           speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS, verifier: str | None = None,
+           include_embed: bool = False) -> dict[str, Any]:
     if fmt not in FORMATS:
         raise Eagle3InputError(f"--format must be one of {FORMATS}, got '{fmt}'")
     if dtype not in DTYPES:

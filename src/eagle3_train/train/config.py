@@ -10,7 +10,8 @@ from typing import Any
 # result: continuing under other values would silently mix two runs.
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
-    "eval_every", "save_every", "keep_last", "resume", "stop_after", "max_eval_batches", "tensorboard"})
+    "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "stop_after", "max_eval_batches",
+    "tensorboard"})
 
 
 @dataclass
@@ -58,6 +59,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int | None = None  # steps; default: end of each epoch
     save_every: int | None = None  # steps; checkpoints are also written at the end of each epoch
+    checkpoint_every_minutes: float = 30.0  # also checkpoint once this long since the last one (0: off)
     keep_last: int = 2
     resume: bool = False
     stop_after: int | None = None  # end this invocation after N more optimizer steps (checkpointed; resume later)

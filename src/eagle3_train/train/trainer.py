@@ -153,6 +153,7 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
         self.writer = None
+        self.last_save = time.monotonic()
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
     def metadata(self, status: str) -> dict[str, Any]:
@@ -176,6 +177,16 @@ class Trainer:
             ckpt.prune(self.out, self.cfg.keep_last)
             log.info("saved %s (%s)", d, reason)
         barrier(self.info)
+        self.last_save = time.monotonic()
+
+    def checkpoint_due(self) -> bool:
+        """checkpoint_every_minutes passed since the last save (on any rank: all ranks must save together)."""
+        minutes = self.cfg.checkpoint_every_minutes
+        if not minutes or minutes <= 0:
+            return False
+        due = torch.tensor([float(time.monotonic() - self.last_save >= 60.0 * minutes)], dtype=torch.float64)
+        all_reduce_sum_(due, self.info)
+        return bool(due.item() > 0)
 
     def resume(self) -> bool:
         latest = ckpt.latest_checkpoint(self.out)
@@ -286,7 +297,10 @@ class Trainer:
         return sums.summary()
 
     def _best_key(self) -> str:
-        return f"accept_len_k{self.cfg.ttt_steps}"
+        """Rank at the k that export and serving use (as far as training-time test estimates it)."""
+        from eagle3_train.export.exporter import DEFAULT_SPECULATIVE_TOKENS
+
+        return f"accept_len_k{min(self.cfg.ttt_steps, DEFAULT_SPECULATIVE_TOKENS)}"
 
     def maybe_best(self, val: dict[str, float]) -> None:
         key = self._best_key()
@@ -348,6 +362,8 @@ class Trainer:
                     self._validate()
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save("periodic")
+                elif self.step < stop_at and self.checkpoint_due():
+                    self.save(f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
             if self.batch_in_epoch + self.micro_per_step > usable:  # epoch finished
                 self.epoch += 1
                 self.batch_in_epoch = 0
@@ -385,8 +401,8 @@ class Trainer:
             self.last_val = val
             self.log_metrics("validation", val)
             self.maybe_best(val)
-            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (k=%d) %.3f", self.step,
-                     val["loss"], val["acc_0"], self.cfg.ttt_steps, val[self._best_key()])
+            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (%s) %.3f", self.step,
+                     val["loss"], val["acc_0"], self._best_key().removeprefix("accept_len_"), val[self._best_key()])
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
