@@ -120,6 +120,13 @@ class DraftConfig:
         except Eagle3InputError as e:
             raise Eagle3InputError(f"{path}: {e}") from None
 
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers 5's `rope_parameters`; a legacy `rope_scaling: {"type": ...}` names the rope type."""
+        rope = dict(self.rope_scaling or {})
+        kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+        rope.pop("type", None)
+        return {"rope_type": kind, **rope, "rope_theta": self.rope_theta}
+
     def uses_default_aux_layers(self) -> bool:
         return self.verifier_num_layers is not None and \
             tuple(self.aux_layer_ids) == default_aux_layer_ids(self.verifier_num_layers)
