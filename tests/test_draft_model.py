@@ -88,9 +88,9 @@ def test_ttt_gradients_flow_to_all_trainable_weights():
 def test_config_validation_errors_are_clear():
     with pytest.raises(ValueError, match="aux_layer_ids"):
         tiny_config(aux_layer_ids=(1, 2))
-    with pytest.raises(ValueError, match=r"\[3, 1, 2\] is not sorted"):
+    with pytest.raises(ValueError, match=r"\[3, 1, 2\] are not in increasing order"):
         tiny_config(aux_layer_ids=(3, 1, 2))
-    with pytest.raises(ValueError, match=r"\[1, 1, 2\] has duplicates"):
+    with pytest.raises(ValueError, match=r"\[1, 1, 2\] have duplicates"):
         tiny_config(aux_layer_ids=(1, 1, 2))
     with pytest.raises(ValueError, match="mutually exclusive"):
         tiny_config(norm_before_fc=True, fc_norm=True)

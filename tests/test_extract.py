@@ -268,9 +268,10 @@ def test_layer_id_validation():
 
 def test_unsorted_or_duplicate_layer_ids_are_refused():
     """The engines concatenate the taps in layer order: another order would train a draft served scrambled."""
-    with pytest.raises(Eagle3InputError, match=r"--layer-ids: aux layer ids \[27, 15, 2\] is not sorted.*2,15,27"):
+    with pytest.raises(Eagle3InputError,
+                       match=r"--layer-ids: aux layer ids \[27, 15, 2\] are not in increasing order.*2,15,27"):
         validate_layer_ids(parse_layer_ids("27,15,2"), 30)
-    with pytest.raises(Eagle3InputError, match=r"\[2, 15, 15\] has duplicates"):
+    with pytest.raises(Eagle3InputError, match=r"\[2, 15, 15\] have duplicates"):
         validate_layer_ids([2, 15, 15], 30)
 
 
@@ -347,7 +348,7 @@ def test_cli_extract(tmp_path, tiny_llama, mixed_prepared, capsys):
     assert cli.main([*args[:-4], "--layer-ids", "1,2,9", "--device", "cpu"]) == 2
     assert "layer id 9 is out of range" in capsys.readouterr().err
     assert cli.main([*args[:-4], "--layer-ids", "3,2,0", "--device", "cpu"]) == 2
-    assert "[3, 2, 0] is not sorted" in capsys.readouterr().err
+    assert "[3, 2, 0] are not in increasing order" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- a real kill in the middle

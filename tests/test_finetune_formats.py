@@ -196,7 +196,7 @@ def test_published_aux_ids_are_read_in_the_engines_layer_order(ref, ref_logits, 
     assert model.config.aux_layer_ids == LAYER_IDS and torch.equal(probe_logits(model), ref_logits)
     assert any("[27, 2, 15] are not in layer order" in n for n in record["notes"])
     dup = write_speculators(ref, tmp_path / "dup", aux_ids=[2, 15, 15])
-    with pytest.raises(Eagle3InputError, match=r"config\.json: .*\[2, 15, 15\] has duplicates"):
+    with pytest.raises(Eagle3InputError, match=r"config\.json: .*\[2, 15, 15\] have duplicates"):
         finetune_model(train_config(dup), inputs)
 
 
@@ -206,7 +206,7 @@ def test_unsorted_aux_ids_in_our_checkpoint_are_refused_by_export(ref, tmp_path)
     cfg.write_text(cfg.read_text().replace('"aux_layer_ids": [\n    2,\n    15,\n    27\n  ]',
                                            '"aux_layer_ids": [15, 2, 27]'))
     assert "[15, 2, 27]" in cfg.read_text()
-    with pytest.raises(Eagle3InputError, match=r"draft_config\.json: .*\[15, 2, 27\] is not sorted"):
+    with pytest.raises(Eagle3InputError, match=r"draft_config\.json: .*\[15, 2, 27\] are not in increasing order"):
         export(run, tmp_path / "export", fmt="eagle", dtype="bfloat16")
 
 

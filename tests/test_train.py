@@ -196,7 +196,8 @@ def test_refuses_hidden_states_with_unsorted_layer_ids(stages, tmp_path):
     manifest = json.loads((hidden / "manifest.json").read_text())
     manifest["layer_ids"] = manifest["layer_ids"][::-1]  # as an older extract stored `--layer-ids 3,2,1`
     (hidden / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(Eagle3InputError, match=r"manifest\.json: aux layer ids .* is not sorted.*--overwrite"):
+    with pytest.raises(Eagle3InputError,
+                       match=r"manifest\.json: aux layer ids .* are not in increasing order.*--overwrite"):
         train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
 
 

@@ -69,7 +69,7 @@ def check_layer_order(layer_ids: Sequence[int], where: str, hint: str = "") -> t
     if all(a < b for a, b in zip(ids, ids[1:])):
         return ids
     fixed = sorted(set(ids))
-    problem = "has duplicates" if len(fixed) != len(ids) else "is not sorted"
+    problem = "have duplicates" if len(fixed) != len(ids) else "are not in increasing order"
     raise Eagle3InputError(
         f"{where}: aux layer ids {list(ids)} {problem}; they must be {NUM_AUX_LAYERS} distinct ids in increasing "
         f"order (e.g. {','.join(map(str, fixed))}) because vLLM and SGLang concatenate the taps in layer order"
