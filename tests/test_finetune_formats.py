@@ -192,6 +192,26 @@ def test_other_aux_layers_are_refused(ref, inputs, tmp_path):
     assert "[3, 16, 28]" in str(e.value) and "[2, 15, 27]" in str(e.value) and "--layer-ids 3,16,28" in str(e.value)
 
 
+def test_published_aux_ids_are_read_in_the_engines_layer_order(ref, ref_logits, inputs, tmp_path):
+    source = write_speculators(ref, tmp_path / "spec", aux_ids=[27, 2, 15])
+    model, record = finetune_model(train_config(source), inputs)
+    assert model.config.aux_layer_ids == LAYER_IDS and torch.equal(probe_logits(model), ref_logits)
+    assert any("[27, 2, 15] are not in layer order" in n for n in record["notes"])
+    dup = write_speculators(ref, tmp_path / "dup", aux_ids=[2, 15, 15])
+    with pytest.raises(Eagle3InputError, match=r"config\.json: .*\[2, 15, 15\] have duplicates"):
+        finetune_model(train_config(dup), inputs)
+
+
+def test_unsorted_aux_ids_in_our_checkpoint_are_refused_by_export(ref, tmp_path):
+    run = write_ours(ref, tmp_path / "run")
+    cfg = run / "final" / "draft_config.json"
+    cfg.write_text(cfg.read_text().replace('"aux_layer_ids": [\n    2,\n    15,\n    27\n  ]',
+                                           '"aux_layer_ids": [15, 2, 27]'))
+    assert "[15, 2, 27]" in cfg.read_text()
+    with pytest.raises(Eagle3InputError, match=r"draft_config\.json: .*\[15, 2, 27\] are not in increasing order"):
+        export(run, tmp_path / "export", fmt="eagle", dtype="bfloat16")
+
+
 def test_aux_layers_of_a_deeper_verifier_are_refused(ref, inputs, tmp_path):
     source = write_speculators(ref, tmp_path / "spec", aux_ids=[2, 30, 58])
     with pytest.raises(Eagle3InputError, match="only 30 layers"):

@@ -203,6 +203,61 @@ def test_perfect_draft_accepts_everything(constant_verifier, tmp_path, k, rounds
     assert result["greedy_check"]["passed"]
 
 
+class OracleDraft(Eagle3Draft):
+    """Proposes the verifier's own greedy continuation, read from `self.sequence` (prompt + greedy reference): every
+    draft is accepted. Only its proposals are rigged; its cache runs the real draft layers."""
+
+    sequence: list[int]
+
+    def forward_cached(self, h, input_ids, position_ids, kv):
+        logits, h, kv = super().forward_cached(h, input_ids, position_ids, kv)
+        nxt = int(position_ids[0, -1]) + 2  # the token after the one this position predicts from
+        row = int((self.draft_token_ids() == self.sequence[min(nxt, len(self.sequence) - 1)]).nonzero()[0])
+        logits = torch.full_like(logits, -1e4)
+        logits[0, -1, row] = 0.0
+        return logits, h, kv
+
+
+def transformers4_crop_cache(config):
+    """A DynamicCache with transformers 4.x's `crop(max_length)`: max_length >= 0 is the length to keep, so
+    crop(0) empties the cache (transformers 5 treats crop(0) as a no-op)."""
+    from transformers import DynamicCache
+
+    class Cache4(DynamicCache):
+        def crop(self, max_length: int) -> None:
+            if max_length < 0:
+                max_length = self.get_seq_length() + max_length
+            for layer in self.layers:
+                layer.keys, layer.values = layer.keys[..., :max_length, :], layer.values[..., :max_length, :]
+
+    return Cache4(config=config)
+
+
+@pytest.mark.parametrize("cache", ["transformers", "transformers4-crop"])
+def test_fully_accepted_rounds_keep_the_verifier_context(tiny_llama_dir, cache):
+    """All k drafts accepted in every round, with a verifier whose output depends on its context: the verifier's
+    cache must keep every verified token (no crop when nothing was rejected), else its output drifts from greedy."""
+    from eagle3_train.evaluate.offline import TappedVerifier, chain_decode
+
+    verifier_dir = tiny_llama_dir(initializer_range=0.5)
+    k, max_new = 3, 25
+    tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
+    model = AutoModelForCausalLM.from_pretrained(verifier_dir).eval()
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": PROMPTS[0].turns[0]}])
+    stop = [tokenizer.eos_token_id]
+    reference = hf_generate(model, ids, max_new, stop)
+    assert len(set(reference)) > 3  # the verifier's output depends on its context
+    draft = make_draft(verifier_dir, must_include=tuple(sorted(set(reference))))
+    draft.__class__ = OracleDraft
+    draft.sequence = ids + reference
+    tapped = TappedVerifier(model, draft.config.aux_layer_ids)
+    if cache != "transformers":
+        tapped.new_cache = lambda: transformers4_crop_cache(model.config)
+    out = chain_decode(tapped, draft.eval(), ids, k, max_new, set(stop), record_rounds=True)
+    assert out.tokens == reference
+    assert len(out.rounds) >= 5 and all(r["accepted"] == k for r in out.rounds[:-1])
+
+
 def test_draft_proposals_match_a_from_scratch_draft_run(tiny, tmp_path):
     """Every round's proposal equals a cache-free recomputation: the draft over all verified positions with
     features from HF output_hidden_states (input of layer i), tokens shifted by one, then its own chain. This checks
@@ -381,7 +436,7 @@ def test_cli_needs_a_verifier_when_none_is_recorded(tmp_path, tiny, capsys):
 def test_report_handles_served_results(tmp_path):
     from eagle3_train.evaluate.report import plot_acceptance
 
-    served = {"mode": "served", "tokens_per_s": 12.5,
+    served = {"mode": "served", "tokens_per_s": 12.5, "benchmarks": ["mini"],  # served: a list of names
               "acceptance": {"num_drafts": 10, "mean_acceptance_length": 2.1,
                              "per_position_acceptance": [0.6, 0.3, 0.2]}}
     table = format_table(served)

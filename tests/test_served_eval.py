@@ -82,3 +82,20 @@ def test_run_served_writes_results(servers, tmp_path):
     lines = (tmp_path / "ev" / "served_completions.jsonl").read_text().splitlines()
     assert [json.loads(x)["id"] for x in lines] == ["p1", "p2"]
     assert all(json.loads(x)["outputs"] == json.loads(x)["baseline_outputs"] for x in lines)
+
+
+@pytest.mark.vllm
+def test_evaluate_served_cli_with_out_writes_results_and_chart(servers, tmp_path, capsys):
+    """`eagle3-train evaluate served --endpoint URL --prompts FILE --turns 1 --out DIR` as the README runs it."""
+    from eagle3_train.cli import main
+
+    _, spec = servers
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": p.id, "turns": p.turns}) + "\n" for p in PROMPTS))
+    out = tmp_path / "ev"
+    assert main(["evaluate", "served", "--endpoint", spec.base_url, "--prompts", str(prompts), "--turns", "1",
+                 "--max-tokens", "8", "--concurrency", "2", "--out", str(out)]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["n_prompts"] == 3 and saved["acceptance"]["num_drafts"] > 0
+    assert (out / "acceptance_by_position.png").read_bytes()[:4] == b"\x89PNG"
+    assert "served" in capsys.readouterr().out

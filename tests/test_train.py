@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from stage_helpers import train_config
 
+from eagle3_train import cli
 from eagle3_train.data.prepare import prepare
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
@@ -75,6 +82,83 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert again["step"] == 1 and all(torch.equal(a[k], v) for k, v in weights(aside).items())
 
 
+class _RunsCode:
+    """Unpickling this runs code: what a hostile training_state.pt would hold."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_training_state_that_would_run_code(stages, tmp_path):
+    root, _ = stages
+    run = tmp_path / "run"
+    train(config(root, run, max_steps=4, stop_after=2))
+    state_file = next((run / "checkpoints").glob("step-*")) / "training_state.pt"
+    state = torch.load(state_file, weights_only=False)  # our own file: trusted here
+    marker = tmp_path / "code-ran"
+    torch.save({**state, "extra": _RunsCode(marker)}, state_file)
+    with pytest.raises(Eagle3InputError, match=r"refusing to load .*training_state\.pt"):
+        train(config(root, run, max_steps=4, resume=True))
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_run_killed_mid_epoch_resumes_bit_exact_from_a_timed_checkpoint(stages, tmp_path):
+    """No epoch ends before the kill: only the time-based checkpoint (checkpoint_every_minutes, here tiny so that
+    every step is due) leaves something to resume, and the resumed run equals an uninterrupted one."""
+    root, _ = stages
+    steps = 12
+    straight = tmp_path / "straight"
+    train(config(root, straight, max_steps=steps, epochs=1, noise=0.05))
+    killed = tmp_path / "killed"
+    script = ("import sys; from pathlib import Path; from stage_helpers import train_config; "
+              "from eagle3_train.train.trainer import train; "
+              f"train(train_config(Path({str(root)!r}), Path({str(killed)!r}), max_steps={steps}, epochs=1, "
+              "noise=0.05, checkpoint_every_minutes=1e-6, keep_last=100))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True)
+    pointer = killed / "checkpoints" / "latest.json"
+    try:
+        while proc.poll() is None:
+            if pointer.is_file() and json.loads(pointer.read_text())["dir"] >= "step-0000002":
+                proc.kill()
+                break
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == -9, err[-2000:]
+    assert not (killed / "final").exists()
+    at = json.loads(pointer.read_text())["dir"]
+    assert "step-0000002" <= at < f"step-{steps:07d}"
+    train(config(root, killed, max_steps=steps, epochs=1, noise=0.05, resume=True))
+    a, b = weights(straight), weights(killed)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_best_checkpoint_is_ranked_at_the_exported_k(stages, tmp_path):
+    import inspect
+
+    from eagle3_train.export.exporter import export
+
+    k = inspect.signature(export).parameters["speculative_tokens"].default  # what `export` writes for serving
+    root, _ = stages
+    result = train(config(root, tmp_path / "run", ttt_steps=k + 1, max_steps=6, eval_every=1, max_eval_batches=1))
+    key = f"accept_len_k{k}"
+    val = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in val if r["split"] == "validation"]
+    top = max(r[key] for r in val)
+    assert result["best"] == {key: top, "step": next(r["step"] for r in val if r[key] == top)}
+    best = json.loads((tmp_path / "run" / "checkpoints" / "best" / "training_metadata.json").read_text())
+    assert best["progress"]["step"] == result["best"]["step"]
+
+
 @pytest.mark.slow
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
@@ -114,6 +198,70 @@ def test_refuses_hidden_states_of_other_data(stages, tmp_path, tiny_llama_dir):
     prepare("sharegpt", verifier, tmp_path / "other", max_length=128, limit=5, seed=1)
     with pytest.raises(Eagle3InputError, match="extracted from other data"):
         train(config(root, tmp_path / "run", prepared=str(tmp_path / "other"), max_steps=1))
+
+
+@pytest.mark.slow
+def test_refuses_hidden_states_with_unsorted_layer_ids(stages, tmp_path):
+    root, _ = stages
+    hidden = tmp_path / "hidden"
+    shutil.copytree(root / "hidden", hidden)
+    manifest = json.loads((hidden / "manifest.json").read_text())
+    manifest["layer_ids"] = manifest["layer_ids"][::-1]  # as an older extract stored `--layer-ids 3,2,1`
+    (hidden / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(Eagle3InputError,
+                       match=r"manifest\.json: aux layer ids .* are not in increasing order.*--overwrite"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+
+def _damaged_copy(root: Path, tmp_path: Path) -> tuple[Path, Path]:
+    hidden = tmp_path / "hidden"
+    shutil.copytree(root / "hidden", hidden)
+    return hidden, sorted((hidden / "train").glob("shard-*.safetensors"))[-1]
+
+
+def _repair_command(message: str) -> list[str]:
+    found = re.search(r"delete that file and run `(eagle3-train extract [^`]*)`", message)
+    assert found, message
+    return shlex.split(found.group(1))[1:]
+
+
+@pytest.mark.slow
+def test_truncated_shard_stops_before_training_naming_it_and_the_repair(stages, tmp_path):
+    root, _ = stages
+    hidden, shard = _damaged_copy(root, tmp_path)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} has \d+ bytes but index.json records"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any step
+    with pytest.raises(Eagle3InputError) as e:
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+    shard.unlink()
+    assert cli.main(_repair_command(str(e.value))) == 0  # the command it names re-extracts the shard
+    train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+
+@pytest.mark.slow
+def test_shard_with_other_bytes_or_nan_stops_clearly(stages, tmp_path):
+    root, _ = stages
+    hidden, shard = _damaged_copy(root, tmp_path)
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # same size, other content
+    shard.write_bytes(bytes(data))
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} is corrupt \(its SHA-256 differs"):
+        train(config(root, tmp_path / "run", hidden_states=str(hidden), max_steps=1))
+
+    # NaN written into a shard whose index entry matches it (e.g. an extract from before the finiteness check).
+    shutil.copy2(root / "hidden" / "train" / shard.name, shard)
+    with safe_open(str(shard), framework="pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["aux"][:, 0] = float("nan")  # in every sample: the first step reads it
+    save_file(tensors, str(shard), metadata=meta)
+    index = json.loads((hidden / "train" / "index.json").read_text())
+    entry = next(x for x in index["shards"] if x["file"] == shard.name)
+    entry.update(bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest())
+    (hidden / "train" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(Eagle3InputError, match=rf"{re.escape(str(shard))} holds NaN/Inf in 'aux' for sample"):
+        train(config(root, tmp_path / "run2", hidden_states=str(hidden), max_steps=2))
 
 
 @pytest.mark.slow

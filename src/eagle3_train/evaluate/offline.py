@@ -212,7 +212,8 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
             out.rounds.append({"start": len(out.tokens), "proposal": proposal, "accepted": counted, "emitted": new})
         out.tokens += new
         ids += new
-        cache.crop(-(k - a))
+        if a < k:  # drop the rejected drafts; crop(0) would empty the cache in some transformers versions
+            cache.crop(a - k)
         kv = [(kk[:, :, :draft_len], vv[:, :, :draft_len]) for kk, vv in kv]
         pending = aux[: a + 1]
     out.seconds = time.perf_counter() - t0

@@ -21,7 +21,8 @@ CHART = "acceptance_by_position.png"
 
 def acceptance_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(label, summary) per benchmark, then the overall row when there is more than one benchmark."""
-    rows = [(name, s) for name, s in (results.get("benchmarks") or {}).items() if isinstance(s, dict)]
+    benchmarks = results.get("benchmarks")  # offline: {name: summary}; served: a list of benchmark names
+    rows = [(name, s) for name, s in benchmarks.items() if isinstance(s, dict)] if isinstance(benchmarks, dict) else []
     if results.get("overall") and len(rows) != 1:
         rows.append(("overall", results["overall"]))
     if not rows and isinstance(results.get("acceptance"), dict):

@@ -34,6 +34,7 @@ from eagle3_train.utils.settings import add_settings_arguments, settings_from_ar
 
 log = logging.getLogger(__name__)
 FORMATS = typing.get_args(ExportFormat)
+DEFAULT_SPECULATIVE_TOKENS = ExportSettings.speculative_tokens  # k of exports; training ranks checkpoints/best at it
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -14,7 +14,9 @@ SPECULATORS_VERSION = "0.9.0"  # the speculators format version whose config lay
 
 
 def _llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
-    rope_parameters = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
+    rope_parameters = cfg.rope_parameters()
+    # Legacy readers take rope_scaling's "type", newer ones "rope_type": write both, naming the same type.
+    rope_scaling = {**cfg.rope_scaling, "rope_type": rope_parameters["rope_type"]} if cfg.rope_scaling else None
     return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
@@ -29,7 +31,7 @@ def _llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         # Both spellings: transformers 4 (SGLang) reads rope_theta/rope_scaling, transformers 5 rope_parameters.
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling,
+        "rope_scaling": rope_scaling,
         "rope_parameters": rope_parameters,
         "attention_bias": False,
         "mlp_bias": False,

@@ -8,12 +8,9 @@ so it is not a valid aux tap.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from eagle3_train.utils.io import Eagle3InputError
-
-log = logging.getLogger(__name__)
 
 NUM_AUX_LAYERS = 3  # vLLM/SGLang's EAGLE-3 fc layer takes exactly 3·H inputs
 
@@ -58,6 +55,22 @@ def validate_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> tupl
         if not 0 <= i < num_layers:
             raise Eagle3InputError(f"layer id {i} is out of range for a verifier with {num_layers} decoder layers: "
                                    f"ids must be in 0..{num_layers - 1} (id i = the input of decoder layer i)")
-    if not ids[0] < ids[1] < ids[2]:
-        log.warning("layer ids %s are not strictly increasing (low, mid, high); stored in the order given", ids)
-    return ids  # type: ignore[return-value]
+    return check_layer_order(ids, "--layer-ids")  # type: ignore[return-value]
+
+
+def check_layer_order(layer_ids: Sequence[int], where: str, hint: str = "") -> tuple[int, ...]:
+    """Return the ids unchanged if strictly increasing, else raise Eagle3InputError naming `where`.
+
+    vLLM and SGLang collect the aux hidden states while walking the verifier's layers, i.e. concatenated in layer
+    order whatever order the config lists; a draft trained on another column order is served scrambled (near-zero
+    acceptance, no error). Duplicates give the engines fewer than 3 taps.
+    """
+    ids = tuple(int(i) for i in layer_ids)
+    if all(a < b for a, b in zip(ids, ids[1:])):
+        return ids
+    fixed = sorted(set(ids))
+    problem = "have duplicates" if len(fixed) != len(ids) else "are not in increasing order"
+    raise Eagle3InputError(
+        f"{where}: aux layer ids {list(ids)} {problem}; they must be {NUM_AUX_LAYERS} distinct ids in increasing "
+        f"order (e.g. {','.join(map(str, fixed))}) because vLLM and SGLang concatenate the taps in layer order"
+        + (f". {hint}" if hint else ""))

@@ -1,12 +1,17 @@
 """Read stored hidden states (the output of the extract stage) and check they belong to a dataset and verifier.
 
 Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
-`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`.
+`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`;
+`reextract_command(manifest, hidden_dir, split)`.
+
+A damaged shard stops with an Eagle3InputError naming it and the command that re-extracts it: sizes are checked
+against index.json when the reader opens, SHA-256 on a shard's first read in a process, NaN/Inf on every sample.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,14 +70,28 @@ def check_compatible(hidden: str | Path | dict, prepared_dir: str | Path, verifi
     return manifest
 
 
+def reextract_command(manifest: dict, hidden_dir: str | Path, split: str) -> str:
+    """The `eagle3-train extract` command that resumes this extraction for one split (same resume settings)."""
+    args = ["eagle3-train", "extract", "--prepared", str(manifest.get("prepared_dir", "PREPARED_DIR")),
+            "--verifier", str(manifest.get("verifier_name") or manifest.get("verifier", {}).get("path", "VERIFIER")),
+            "--out", str(hidden_dir), "--splits", split]
+    for key, flag in (("layer_ids", "--layer-ids"), ("dtype", "--dtype"), ("compute_dtype", "--compute-dtype"),
+                      ("shard_tokens", "--shard-tokens"), ("max_samples", "--max-samples")):
+        value = manifest.get(key)
+        if value is not None:
+            args += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return " ".join(shlex.quote(a) for a in args)
+
+
 class HiddenStatesReader:
     """Random access to one split's stored hidden states, sample by sample.
 
     Keeps up to `max_open` shard files open (LRU) and reads only the requested sample's rows with `get_slice`.
     Safe to use in forked DataLoader workers: handles opened by another process are dropped, not shared.
+    `hash_on_open` checks a shard's SHA-256 the first time it is opened (one extra read of each shard per run).
     """
 
-    def __init__(self, hidden_dir: str | Path, split: str, max_open: int = 8) -> None:
+    def __init__(self, hidden_dir: str | Path, split: str, max_open: int = 8, hash_on_open: bool = True) -> None:
         self.dir = Path(hidden_dir)
         self.split = split
         self.manifest = read_manifest(self.dir)
@@ -89,6 +108,26 @@ class HiddenStatesReader:
         self.sample_indices: list[int] = sorted(self._where)
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._pid = os.getpid()
+        self.hash_on_open = hash_on_open
+        self._hashed: set[int] = set()
+        self.check_sizes()
+
+    def _damaged(self, path: Path, problem: str) -> Eagle3InputError:
+        return Eagle3InputError(
+            f"hidden-state shard {path} {problem}. Re-extract it: delete that file and run "
+            f"`{reextract_command(self.manifest, self.dir, self.split)}` (it recomputes missing shards and keeps the "
+            f"others)")
+
+    def check_sizes(self) -> None:
+        """Every listed shard exists with the size index.json records (cheap: no data is read)."""
+        for entry in self.index.get("shards", []):
+            path = self.dir / self.split / entry["file"]
+            if not path.is_file():
+                raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
+            size = path.stat().st_size
+            if entry.get("bytes") is not None and size != entry["bytes"]:  # else: its SHA-256 on first read
+                raise self._damaged(path, f"has {size} bytes but index.json records {entry['bytes']} (truncated or "
+                                          f"overwritten)")
 
     @property
     def complete(self) -> bool:
@@ -126,12 +165,19 @@ class HiddenStatesReader:
         entry = self.index["shards"][pos]
         path = self.dir / self.split / entry["file"]
         if not path.is_file():
-            raise Eagle3InputError(f"hidden-state shard {path} listed in {self.dir / self.split / 'index.json'} "
-                                   f"is missing")
-        handle = safe_open(str(path), framework="pt")
-        rows = handle.get_slice("aux").get_shape()[0]
-        if rows != entry["num_tokens"] or handle.get_slice("final").get_shape()[0] != rows:
-            raise Eagle3InputError(f"{path} holds {rows} rows but index.json says {entry['num_tokens']} tokens")
+            raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
+        if self.hash_on_open and pos not in self._hashed and entry.get("sha256"):
+            if sha256_file(path) != entry["sha256"]:
+                raise self._damaged(path, "is corrupt (its SHA-256 differs from index.json)")
+            self._hashed.add(pos)
+        try:
+            handle = safe_open(str(path), framework="pt")
+            rows = handle.get_slice("aux").get_shape()[0]
+            final_rows = handle.get_slice("final").get_shape()[0]
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for damaged files
+            raise self._damaged(path, f"cannot be read ({type(e).__name__}: {e})") from None
+        if rows != entry["num_tokens"] or final_rows != rows:
+            raise self._damaged(path, f"holds {rows} rows but index.json says {entry['num_tokens']} tokens")
         self._handles[pos] = handle
         while len(self._handles) > self.max_open:
             self._handles.popitem(last=False)
@@ -139,18 +185,25 @@ class HiddenStatesReader:
 
     def load(self, sample_index: int) -> dict:
         """{"aux": [L, 3H], "final": [L, H]} in the stored dtype for one sample (row of the prepared split)."""
+        import torch
+
         pos, start, end = self._locate(sample_index)
         handle = self._handle(pos)
-        return {"aux": handle.get_slice("aux")[start:end], "final": handle.get_slice("final")[start:end]}
+        out = {"aux": handle.get_slice("aux")[start:end], "final": handle.get_slice("final")[start:end]}
+        for name, t in out.items():
+            if not bool(torch.isfinite(t).all()):
+                path = self.dir / self.split / self.index["shards"][pos]["file"]
+                raise self._damaged(path, f"holds NaN/Inf in '{name}' for sample {sample_index} (rows {start}..{end})")
+        return out
 
     def verify(self) -> None:
         """Check every listed shard's SHA-256 against index.json (reads all the data)."""
         for entry in self.index.get("shards", []):
             path = self.dir / self.split / entry["file"]
             if not path.is_file():
-                raise Eagle3InputError(f"hidden-state shard {path} is missing")
+                raise self._damaged(path, "is missing")
             if sha256_file(path) != entry["sha256"]:
-                raise Eagle3InputError(f"hidden-state shard {path} is corrupt (SHA-256 differs from index.json)")
+                raise self._damaged(path, "is corrupt (its SHA-256 differs from index.json)")
 
     def close(self) -> None:
         self._handles.clear()

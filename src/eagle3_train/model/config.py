@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.hidden_states.layers import check_layer_order
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -49,6 +50,8 @@ class DraftConfig:
         self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
         if len(self.aux_layer_ids) != 3:
             raise Eagle3InputError(f"aux_layer_ids must name 3 verifier layers, got {list(self.aux_layer_ids)}")
+        if self.aux_layer_ids != (0, 0, 0):  # (0, 0, 0): "the verifier's default", filled in once it is known
+            check_layer_order(self.aux_layer_ids, "draft config")
         if self.norm_before_fc and self.fc_norm:
             raise Eagle3InputError("norm_before_fc and fc_norm are mutually exclusive")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -112,7 +115,17 @@ class DraftConfig:
     def load(cls, path: str | Path) -> DraftConfig:
         from eagle3_train.utils.io import read_json
 
-        return cls.from_dict(read_json(path, "draft config"))
+        try:
+            return cls.from_dict(read_json(path, "draft config"))
+        except Eagle3InputError as e:
+            raise Eagle3InputError(f"{path}: {e}") from None
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers 5's `rope_parameters`; a legacy `rope_scaling: {"type": ...}` names the rope type."""
+        rope = dict(self.rope_scaling or {})
+        kind = rope.pop("rope_type", None) or rope.pop("type", None) or "default"
+        rope.pop("type", None)
+        return {"rope_type": kind, **rope, "rope_theta": self.rope_theta}
 
     def uses_default_aux_layers(self) -> bool:
         return self.verifier_num_layers is not None and \

@@ -28,10 +28,7 @@ from eagle3_train.model.config import DraftConfig
 
 def llama_config(cfg: DraftConfig) -> LlamaConfig:
     """A transformers LlamaConfig for the components we reuse (MLP, RMSNorm, RoPE)."""
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling:
-        rope = {**cfg.rope_scaling, "rope_theta": cfg.rope_theta}
-        rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope = cfg.rope_parameters()
     return LlamaConfig(
         hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,

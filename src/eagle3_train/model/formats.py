@@ -200,6 +200,10 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         notes.append(f"aux layer ids only in eagle_config {[i - 1 for i in ids]}: read in SGLang's convention "
                      f"(output of layer i) as vLLM ids {ids}; vLLM itself would read them unshifted - check the "
                      f"source's intent")
+    if ids and list(ids) != sorted(ids) and len(set(ids)) == len(ids):
+        notes.append(f"aux layer ids {list(ids)} are not in layer order; read as {sorted(ids)}, the order in which "
+                     f"vLLM and SGLang concatenate the taps when serving this config")
+        ids = sorted(ids)
     if "norm_before_residual" not in top:
         notes.append(f"source config has no norm_before_residual; using {default_nbr} as vLLM would for this format")
     return DraftConfig(
@@ -332,13 +336,19 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         if absent:
             raise Eagle3InputError(f"{index} lists tensors that no shard holds (incomplete download?): {absent[:5]}")
     tensors, extra, unknown, renamed = _rename_all(raw, path)
+    config_file = directory / "draft_config.json" if ours else cfg_path
     if fmt == OURS:
-        config = DraftConfig.from_dict(source_config)
+        try:
+            config = DraftConfig.from_dict(source_config)
+        except Eagle3InputError as e:
+            raise Eagle3InputError(f"{config_file}: {e}") from None
     else:
         try:
             config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path))
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
+        except Eagle3InputError as e:
+            raise Eagle3InputError(f"{cfg_path}: {e}") from None
         config = _reconcile_with_tensors(config, tensors, notes)
     if "d2t" in tensors and "t2d" not in tensors:
         d2t = tensors["d2t"].long()

@@ -1,16 +1,21 @@
 """Read just the verifier tensors the draft needs (input embedding, lm_head; the final norm for hidden states
-served before it) without loading the whole model."""
+served before it) without loading the whole model, and how the verifier turns `final @ lm_head.T` into its logits
+(`logit_transform`)."""
 
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from eagle3_train.utils.io import Eagle3InputError
 
+log = logging.getLogger(__name__)
 _EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
                "language_model.model.embed_tokens.weight")
 _HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
@@ -18,6 +23,41 @@ _NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "language
               "norm.weight")
 # Final norms that are not y = w * x / rms(x) (Gemma stores w - 1): applying ours would give wrong `final` states.
 _OTHER_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+_BIAS_KEYS = ("lm_head.bias", "language_model.lm_head.bias")
+
+# What each transformers family does to `lm_head(final)` (read from their modeling_*.py ForCausalLM.forward).
+_SOFTCAP = {"gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "vaultgemma", "nanochat"}  # cap*tanh(x/cap)
+_MULTIPLY = {"cohere": "logit_scale", "cohere2": "logit_scale", "cohere2_moe": "logit_scale",
+             "falcon_h1": "lm_head_multiplier", "hyperclovax": "logits_scaling"}  # x * field
+_DIVIDE = {m: "logits_scaling" for m in ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid",
+                                         "granite_swa", "granitemoe_swa")}  # x / field
+# Config fields that change a verifier's logits in some family; one outside the families above is refused.
+_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
+                     "output_multiplier", "dim_model_base")
+
+
+@dataclass
+class LogitTransform:
+    """The verifier's logits = softcap(scale * (final @ lm_head.T + bias)), as its transformers class computes them."""
+    scale: float = 1.0
+    softcap: float | None = None
+    bias: torch.Tensor | None = None  # [V]
+
+    def apply(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`logits` over all V tokens, or over the token ids `rows` (e.g. the draft vocabulary)."""
+        if self.bias is not None:
+            bias = self.bias.to(logits.device, logits.dtype)
+            logits = logits + (bias if rows is None else bias[rows])
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def describe(self) -> dict[str, Any]:
+        return {"scale": self.scale, "softcap": self.softcap, "bias": self.bias is not None}
 
 
 def _tensor_locations(verifier_dir: Path) -> dict[str, Path]:
@@ -105,3 +145,51 @@ def verifier_head_shapes(verifier_dir: str | Path, dtype: torch.dtype = torch.bf
                                    f"says vocab_size {V} x hidden_size {H}")
     return (torch.empty(embed, dtype=dtype, device="meta"), torch.empty(head or embed, dtype=dtype, device="meta"),
             config, "safetensors headers (shapes only)")
+
+
+def _text_config(verifier_dir: Path, raw: dict) -> tuple[dict, str]:
+    """The LM's config with transformers' class defaults filled in (config.json omits fields equal to them)."""
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(verifier_dir).get_text_config()
+        return cfg.to_dict(), str(getattr(cfg, "model_type", ""))
+    except Exception as e:  # noqa: BLE001 - unknown model types: fall back to the file itself
+        log.debug("AutoConfig could not read %s (%s); using config.json as written", verifier_dir, e)
+        text = raw.get("text_config") or raw
+        return text, str(text.get("model_type") or raw.get("model_type") or "")
+
+
+def logit_transform(verifier_dir: str | Path) -> LogitTransform:
+    """How this verifier's logits differ from `final @ lm_head.T`; Eagle3InputError for a transform we cannot copy."""
+    verifier_dir = Path(verifier_dir)
+    raw = json.loads((verifier_dir / "config.json").read_text())
+    c, model_type = _text_config(verifier_dir, raw)
+    where = f"verifier {verifier_dir} (model_type {model_type!r})"
+    t = LogitTransform()
+    handled: set[str] = set()
+    if model_type in _SOFTCAP:
+        t.softcap = c.get("final_logit_softcapping") or None
+        handled.add("final_logit_softcapping")
+    if model_type in _MULTIPLY:
+        field = _MULTIPLY[model_type]
+        t.scale = float(c.get(field) if c.get(field) is not None else 1.0)
+        handled.add(field)
+    if model_type in _DIVIDE:
+        field = _DIVIDE[model_type]
+        t.scale = 1.0 / float(c.get(field) or 1.0)
+        handled.add(field)
+    if model_type == "minicpm3":  # hidden states / (hidden_size / dim_model_base) before the lm_head
+        t.scale = float(c.get("dim_model_base") or c["hidden_size"]) / float(c["hidden_size"])
+        handled |= {"dim_model_base", "logits_scaling"}
+    for field in _TRANSFORM_FIELDS:
+        value = c.get(field)
+        if field not in handled and value not in (None, 1, 1.0, False):
+            raise Eagle3InputError(f"{where}: config field {field}={value!r} changes its logits in a way eagle3-train "
+                                   f"does not reproduce for this model type, so the training targets would be "
+                                   f"wrong; supported: softcapping for {sorted(_SOFTCAP)}, logit scales for "
+                                   f"{sorted({**_MULTIPLY, **_DIVIDE, 'minicpm3': ''})}")
+    bias = _load(_tensor_locations(verifier_dir), _BIAS_KEYS)
+    if bias is not None:
+        t.bias = bias.float()
+    return t

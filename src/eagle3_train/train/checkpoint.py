@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -34,6 +35,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# What np.random.get_state() pickles into; everything else in a training state is tensors and plain containers.
+_NP_CORE = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
+_RNG_GLOBALS = [_NP_CORE.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_training_state(path: Path) -> dict[str, Any]:
+    """torch.load with weights_only=True: a training_state.pt from elsewhere can hold data, never code to run."""
+    try:
+        with torch.serialization.safe_globals(_RNG_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise Eagle3InputError(f"refusing to load {path}: it holds objects other than tensors, numbers and the RNG "
+                               f"state that eagle3-train writes ({reason}); delete that checkpoint directory or "
+                               f"train into a new --out") from None
 
 
 def save_weights(model: Eagle3Draft, directory: Path) -> None:

@@ -12,8 +12,8 @@ from eagle3_train.utils.settings import setting
 # result: continuing under other values would silently mix two runs.
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
-    "eval_every", "save_every", "keep_last", "resume", "overwrite", "stop_after", "max_eval_batches", "tensorboard",
-    "allow_aux_layer_mismatch", "trust_remote_code", "dry_run"})
+    "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "overwrite", "stop_after",
+    "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run"})
 
 
 @dataclass
@@ -77,6 +77,8 @@ class TrainConfig:
     log_every: int = setting(10, "log training metrics every N steps")
     eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)")
     save_every: int | None = setting(None, "checkpoint every N steps (also at the end of each epoch)")
+    checkpoint_every_minutes: float = setting(30.0, "also checkpoint once this long since the last one, so a killed "
+                                                    "run loses at most this much (0: off)")
     keep_last: int = setting(2, "step checkpoints kept (best/ and final/ are kept apart)")
     resume: bool = setting(False, "continue from the latest checkpoint in --out")
     overwrite: bool = setting(False, "set a finished or different run in --out aside (renamed OUT.previous-TIME) "

@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
-from eagle3_train.model.verifier_head import load_verifier_head, verifier_head_shapes
+from eagle3_train.hidden_states.layers import check_layer_order
+from eagle3_train.model.verifier_head import (
+    LogitTransform,
+    load_verifier_head,
+    logit_transform,
+    verifier_head_shapes,
+)
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,7 @@ class RunInputs:
     embed: torch.Tensor
     lm_head: torch.Tensor
     layer_ids: tuple[int, ...]
+    logit_transform: LogitTransform = field(default_factory=LogitTransform)  # the verifier's softcap/scale/bias
     _on_device: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def lm_head_on(self, device: torch.device) -> torch.Tensor:
@@ -91,10 +98,13 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     if t2d.shape[0] != V:
         raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
                                f"vocab_size is {V}")
-    layer_ids = tuple(hidden_manifest["layer_ids"])
+    fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
+    layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
+                                  f"Extract again: `eagle3-train extract --layer-ids {fixed} --overwrite ...`")
     return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, hidden_manifest, sha256_file(hm_path),
                      vpath, sha256_file(vpath), d2t, t2d, str(verifier_name), verifier_dir,
-                     {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids)
+                     {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids,
+                     logit_transform(verifier_dir))
 
 
 def _without_hashes(identity: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 Only positions whose next token is supervised are computed. Positions whose verifier argmax lies outside the draft
 vocabulary are flagged: the draft cannot propose that token, so they are excluded from the loss (as in EAGLE-3 and
 SpecForge) and count as misses in the accuracy metrics (unlike speculators, whose metrics are optimistic there).
+The verifier's own logit transforms (softcapping, logit scale, lm_head bias) are applied, and everything is computed
+in float32 even under bf16 autocast: the soft targets are the verifier's distribution, not a rounding of it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from eagle3_train.model.verifier_head import LogitTransform
 
 
 @dataclass
@@ -22,28 +26,38 @@ class Targets:
 
 @torch.no_grad()
 def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                     t2d: torch.Tensor, chunk: int = 1024, max_elements: int = 2**26) -> Targets:
-    """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row.
+                     t2d: torch.Tensor, transform: LogitTransform | None = None, chunk: int = 1024,
+                     max_elements: int = 2**26) -> Targets:
+    """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row; `transform`: what
+    the verifier does to `final @ lm_head.T` (see `model.verifier_head.logit_transform`).
 
-    Full-vocabulary logits exist only for one chunk of rows at a time (at most `max_elements` values: 256 MB in
-    fp32, e.g. 409 rows of Kimi's 163840 tokens), only to find the argmax; what is kept is over the draft vocab."""
+    Computed in float32 (autocast off). Full-vocabulary logits exist only for one chunk of rows at a time (at most
+    `max_elements` values: 256 MB in fp32, e.g. 409 rows of Kimi's 163840 tokens), only to find the argmax; what is
+    kept is over the draft vocab."""
     chunk = max(1, min(chunk, max_elements // lm_head.shape[0]))
+    with torch.autocast(final.device.type, enabled=False):
+        return _targets(final, loss_mask, lm_head, draft_ids, t2d, transform or LogitTransform(), chunk)
+
+
+def _targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
+             t2d: torch.Tensor, transform: LogitTransform, chunk: int) -> Targets:
     B, L, _ = final.shape
     need = torch.zeros(B, L, dtype=torch.bool, device=final.device)
     need[:, :-1] = loss_mask[:, 1:]  # verifier position p predicts token p+1
     pos = need.nonzero(as_tuple=False)
     row_of = torch.full((B, L), -1, dtype=torch.long, device=final.device)
     row_of[pos[:, 0], pos[:, 1]] = torch.arange(pos.shape[0], device=final.device)
-    h = final[pos[:, 0], pos[:, 1]]
+    h = final[pos[:, 0], pos[:, 1]].float()
+    lm_head = lm_head.float()
     head_d = lm_head[draft_ids]
     probs, argmax, in_vocab = [], [], []
     for s in range(0, h.shape[0], chunk):
         hc = h[s:s + chunk]
-        full = hc @ lm_head.T
+        full = transform.apply(hc @ lm_head.T)
         in_vocab.append(t2d[full.argmax(-1)])
-        restricted = hc @ head_d.T
+        restricted = transform.apply(hc @ head_d.T, rows=draft_ids)
         argmax.append(restricted.argmax(-1))
-        probs.append(torch.softmax(restricted.float(), dim=-1).to(final.dtype))
+        probs.append(torch.softmax(restricted, dim=-1).to(final.dtype))
     Vd = draft_ids.shape[0]
 
     def cat(xs: list[torch.Tensor], shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:

@@ -165,6 +165,7 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
         self.writer = None
+        self.last_save = time.monotonic()
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
     def metadata(self, status: str) -> dict[str, Any]:
@@ -188,6 +189,16 @@ class Trainer:
             ckpt.prune(self.out, self.cfg.keep_last)
             log.info("saved %s (%s)", d, reason)
         barrier(self.info)
+        self.last_save = time.monotonic()
+
+    def checkpoint_due(self) -> bool:
+        """checkpoint_every_minutes passed since the last save (on any rank: all ranks must save together)."""
+        minutes = self.cfg.checkpoint_every_minutes
+        if not minutes or minutes <= 0:
+            return False
+        due = torch.tensor([float(time.monotonic() - self.last_save >= 60.0 * minutes)], dtype=torch.float64)
+        all_reduce_sum_(due, self.info)
+        return bool(due.item() > 0)
 
     def resume(self) -> bool:
         latest = ckpt.latest_checkpoint(self.out)
@@ -207,7 +218,7 @@ class Trainer:
             raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
                                    f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
                                    f"--out.")
-        state = torch.load(latest / ckpt.STATE, map_location="cpu", weights_only=False)
+        state = ckpt.load_training_state(latest / ckpt.STATE)
         src = ckpt.load_draft(latest, embed=self.inputs.embed)
         if src.config.to_dict() != self.model.config.to_dict():
             raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
@@ -244,7 +255,7 @@ class Trainer:
         cfg = self.cfg
         with _autocast(self.device, self.precision):
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
-                                       self.model.draft_token_ids(), self.model.t2d)
+                                       self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
                                checkpoint_mlp=cfg.checkpoint_mlp)
@@ -298,7 +309,10 @@ class Trainer:
         return sums.summary()
 
     def _best_key(self) -> str:
-        return f"accept_len_k{self.cfg.ttt_steps}"
+        """Rank at the k that export and serving use (as far as training-time test estimates it)."""
+        from eagle3_train.export.exporter import DEFAULT_SPECULATIVE_TOKENS
+
+        return f"accept_len_k{min(self.cfg.ttt_steps, DEFAULT_SPECULATIVE_TOKENS)}"
 
     def maybe_best(self, val: dict[str, float]) -> None:
         key = self._best_key()
@@ -375,6 +389,8 @@ class Trainer:
                     self._validate()
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save("periodic")
+                elif self.step < stop_at and self.checkpoint_due():
+                    self.save(f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
             if self.batch_in_epoch + self.micro_per_step > usable:  # epoch finished
                 self.epoch += 1
                 self.batch_in_epoch = 0
@@ -412,8 +428,8 @@ class Trainer:
             self.last_val = val
             self.log_metrics("validation", val)
             self.maybe_best(val)
-            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (k=%d) %.3f", self.step,
-                     val["loss"], val["acc_0"], self.cfg.ttt_steps, val[self._best_key()])
+            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (%s) %.3f", self.step,
+                     val["loss"], val["acc_0"], self._best_key().removeprefix("accept_len_"), val[self._best_key()])
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
