@@ -170,7 +170,7 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     per step); o_proj keeps its input; the MLP keeps its input only (recomputed in backward) or its four [N, I]
     activations. The loss keeps the gathered [R, H] rows (recomputed) or its [R, Vd] logits and log-softmax."""
     H, Q = d.hidden_size, d.num_attention_heads * d.head_dim
-    K, I = d.num_key_value_heads * d.head_dim, d.intermediate_size
+    K, inter = d.num_key_value_heads * d.head_dim, d.intermediate_size
     a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
     qkv_copies = 3 if bf16 else 1
     t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_mask": 0,
@@ -187,7 +187,7 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
             t["attention_kv"] += 2 * (j + 1) * N * K * a
             t["attention_mask"] += L * (j + 1) * L if j else 0  # bool [L, (j+1)L]
             t["o_proj_input"] += N * Q * a
-            t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * I * a)
+            t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * inter * a)
         t["loss"] += R * H * 4 if checkpoint_loss else R * H * 4 + 2 * R * Vd * 4
     t["fc_input"] = N * 3 * d.aux_hidden_size * a if bf16 else 0  # fp32: the batch's aux tensor itself
     t["total"] = sum(t.values())
