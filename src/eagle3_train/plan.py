@@ -220,15 +220,20 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     # Transients, one at a time: the targets' chunked full-vocab logits (1024 rows, argmax only) before the forward;
     # the end of the forward (last step's K/V caches + loss logits); the start of the backward (the recomputed loss:
     # logits, log-softmax, the product with the targets, and their gradients); the gradient all-reduce buffer (DDP).
+    # Under autocast the fp32 lm_head (and its draft rows) are cast to bf16 for each chunk's matmul: not leaves that
+    # need grad, so autocast does not cache them, and a [V, H] bf16 copy exists while a chunk runs.
     chunk = min(1024, R)
     targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
+    if bf16:
+        targets_tmp += 2 * V * Ht + 2 * Vd * Ht
     loss_fwd = 3 * R * Vd * 4
     loss_bwd = 5 * R * Vd * 4 + 2 * N * H * 4
     kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
                     for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
     candidates = {
-        "targets": static - m["grads"] + m["batch"] + m["targets"] + targets_tmp,  # grads are freed before it
+        # before the forward: gradients were freed (zero_grad(set_to_none)), no autocast weight copies yet
+        "targets": static - m["grads"] - m["autocast_weight_copies"] + m["batch"] + m["targets"] + targets_tmp,
         "forward_end": static - m["grads"] + m["batch"] + m["targets"] + saved["total"] + kv_caches + loss_fwd,
         "backward_start": static + m["batch"] + m["targets"] + saved["total"] + loss_bwd,
         "all_reduce": static + 4 * P if s.gpus > 1 else 0,
@@ -239,7 +244,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     m["peak_phase"] = where
     host = {"verifier_embedding": V * H * 4,
             "verifier_lm_head": 0 if tied else V * Ht * 4,  # tied: the embedding tensor serves as lm_head
-            "batch_in_storage_dtype": N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
+            # train_step loads all of this rank's micro-batches of the step, in the storage dtype
+            "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
     return m, {"saved_by_term": saved, "candidates": candidates, "host": host}
 
 
@@ -285,6 +291,7 @@ def plan(s: PlanSettings) -> Plan:
     mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied)
     host = dict(detail["host"])
     host["total"] = sum(host.values())
+    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each loading the verifier tensors
     if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
         host["process_total"] = mem["peak"] + host["total"]
     mem["saved_by_term"] = detail["saved_by_term"]
@@ -368,6 +375,10 @@ def _b(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _n(n: int) -> str:
+    return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
 def format_plan(p: Plan) -> str:
     s, d, pr, hs, m, b = p.settings, p.draft, p.parameters, p.hidden_states, p.memory, p.batch
     v = p.verifier
@@ -377,12 +388,12 @@ def format_plan(p: Plan) -> str:
         f"draft     {d['num_layers']} layer(s), hidden {d['hidden_size']}, heads {d['num_attention_heads']}/"
         f"{d['num_key_value_heads']} x {d['head_dim']}, intermediate {d['intermediate_size']}, draft vocab "
         f"{d['draft_vocab_size']}, aux layers {d['aux_layer_ids']}",
-        f"params    trainable {pr['trainable'] / 1e9:.3f}B ({_b(pr['trainable_bytes_bf16'])} bf16); frozen "
-        f"{pr['frozen'] / 1e9:.3f}B (verifier embedding); the verifier lm_head [{v['vocab_size']}, "
+        f"params    trainable {_n(pr['trainable'])} ({_b(pr['trainable_bytes_bf16'])} bf16); frozen "
+        f"{_n(pr['frozen'])} (verifier embedding); the verifier lm_head [{v['vocab_size']}, "
         f"{v['hidden_size']}] is also held for the targets",
         f"data      {s['samples']} samples x {s['tokens_per_sample']} tokens = {hs['tokens']:,} tokens; micro-batch "
         f"{b['batch_size']} x {b['seq_len']} per rank, {b['tokens_per_step']:,} tokens per step on {s['gpus']} "
-        f"GPU(s), {b['steps_per_epoch']} steps/epoch",
+        f"rank(s), {b['steps_per_epoch']} steps/epoch",
         "hidden states on disk (3 aux + final per token):",
     ]
     for dt, x in hs["by_dtype"].items():
@@ -393,7 +404,10 @@ def format_plan(p: Plan) -> str:
               "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
         lines.append(f"  {k:24s} {_b(m[k]):>10s}")
     lines.append(f"  {'peak':24s} {_b(m['peak']):>10s}  (at {m['peak_phase']})")
-    lines.append(f"host RAM per rank: {_b(p.host_memory['total'])} (verifier embedding/lm_head as loaded, batch)")
+    hm = p.host_memory
+    lines.append(f"host RAM per rank: {_b(hm['total'])} (verifier embedding/lm_head as loaded in fp32, batches); "
+                 f"{_b(hm['per_node'])} for {s['gpus']} rank(s) on one node"
+                 + (f"; CPU training, whole process: {_b(hm['process_total'])}" if "process_total" in hm else ""))
     lines.append("modes:")
     for name, md in p.modes.items():
         fits = {None: "?", True: "fits", False: "does NOT fit"}[md["fits"]]
