@@ -44,15 +44,15 @@ def anon_rss() -> int:
 class PeakSampler(threading.Thread):
     def __init__(self, interval: float = 0.002):
         super().__init__(daemon=True)
-        self.interval, self.peak, self._stop = interval, anon_rss(), threading.Event()
+        self.interval, self.peak, self._halt = interval, anon_rss(), threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.peak = max(self.peak, anon_rss())
             time.sleep(self.interval)
 
     def stop(self) -> int:
-        self._stop.set()
+        self._halt.set()
         self.join()
         self.peak = max(self.peak, anon_rss())
         return self.peak

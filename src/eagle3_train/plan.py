@@ -218,16 +218,17 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     saved = ttt_saved_bytes(d, N, L, R, s.ttt_steps, bf16, s.checkpoint_mlp, s.checkpoint_loss, Vd)
     m["ttt_activations"] = saved["total"]
     # Transients, one at a time: the targets' chunked full-vocab logits (1024 rows, argmax only) before the forward;
-    # the end of the forward (last step's K/V caches + loss logits); the start of the backward (the recomputed loss:
-    # logits, log-softmax, the product with the targets, and their gradients); the gradient all-reduce buffer (DDP).
+    # the end of the forward (the K/V caches of steps >= 1, alive until ttt_forward returns, plus the last step's loss);
+    # the start of the backward (the recomputed loss of the last step); the gradient all-reduce buffer (DDP).
+    # The loss (ttt._head_loss) holds four [R, Vd] fp32 tensors at once: logits, log-softmax, the gathered targets and
+    # their product in the forward; log-softmax, targets, the product's gradient and the logits' gradient in backward.
     # Under autocast the fp32 lm_head (and its draft rows) are cast to bf16 for each chunk's matmul: not leaves that
     # need grad, so autocast does not cache them, and a [V, H] bf16 copy exists while a chunk runs.
     chunk = min(1024, R)
     targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     if bf16:
         targets_tmp += 2 * V * Ht + 2 * Vd * Ht
-    loss_fwd = 3 * R * Vd * 4
-    loss_bwd = 5 * R * Vd * 4 + 2 * N * H * 4
+    loss_fwd = loss_bwd = 4 * R * Vd * 4
     kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
                     for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
@@ -235,6 +236,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
         # before the forward: gradients were freed (zero_grad(set_to_none)), no autocast weight copies yet
         "targets": static - m["grads"] - m["autocast_weight_copies"] + m["batch"] + m["targets"] + targets_tmp,
         "forward_end": static - m["grads"] + m["batch"] + m["targets"] + saved["total"] + kv_caches + loss_fwd,
+        # all gradients counted (an upper bound: they are allocated as the backward proceeds)
         "backward_start": static + m["batch"] + m["targets"] + saved["total"] + loss_bwd,
         "all_reduce": static + 4 * P if s.gpus > 1 else 0,
     }
