@@ -3,13 +3,14 @@
 Data and settings of `train_throughput.py` (its `build_data`: 200 ShareGPT conversations, max 512 tokens, draft vocab
 8192, bf16 hidden states), 2048-token batches, AdamW, fp32 on CPU. Each TTT setting runs in its own process:
 
-  .venv/bin/python benchmarks/plan_vs_measured.py --steps 4 --ttt 3,7
+  .venv/bin/python benchmarks/plan_vs_measured.py --steps 3 --ttt 3,7
 
 What is compared, honestly: the process's *anonymous* resident memory (RSS minus file-backed pages: the memory-mapped
 Arrow data and safetensors shards are page cache, not training memory), sampled every 2 ms in a thread. The baseline is
 taken after every import (torch, transformers, datasets, the trainer) and before the Trainer is built, so the
 Python/torch runtime is not counted; training-attributable = peak - baseline. It is set against the plan's CPU total
-(`host_memory.process_total`: the per-rank terms plus the loaded verifier embedding/lm_head and the stored-dtype batch),
+(`host_memory.process_total`: the per-rank terms plus private host copies and the stored-dtype batches; the verifier's
+fp32 embedding is memory-mapped from its safetensors file, page cache like the data, so neither side counts it),
 planned at the geometry of the largest batch actually run (its B x L and supervised share). The steps run on the
 batches with the most padded tokens, after one warm-up step (the optimizer states exist from the second step on).
 glibc keeps freed heap memory, which would make RSS overstate the live peak: the child sets MALLOC_MMAP_THRESHOLD_ to

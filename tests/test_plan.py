@@ -71,7 +71,9 @@ def test_smollm2_counts_match_the_real_draft(smollm2_dir):
     assert p.hidden_states["total_bytes"] == 200 * 512 * 4 * H * 2
     assert p.batch["batch_size"] == 2048 // 512 and p.batch["tokens"] == 2048
     assert p.memory["peak"] > p.memory["ttt_activations"] > 0
-    assert p.host_memory["verifier_lm_head"] == 0  # tied: the embedding serves as lm_head
+    # stored in fp32 and tied: the memory-mapped embedding is used as is (page cache), no private copy
+    assert p.host_memory["verifier_tensors_fp32_copy"] == 0
+    assert p.host_memory["verifier_page_cache"] == vcfg["vocab_size"] * H * 4
     assert p.host_memory["process_total"] > p.memory["peak"]
 
 
@@ -105,6 +107,8 @@ def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
     assert p.hidden_states["bytes_per_token"] == 57344  # 57 KB per token in bf16
     assert p.hidden_states["total_bytes"] == pytest.approx(5.7e12, rel=0.01)
     assert p.verifier["moe"]["n_routed_experts"] == 384
+    # bf16 checkpoint, untied: each rank converts embedding and lm_head to fp32 in host RAM
+    assert p.host_memory["verifier_tensors_fp32_copy"] == 2 * 163840 * 7168 * 4
     # the memory terms that scale with the vocabularies stay at the draft vocab: no [tokens, 163840] term
     N = p.batch["tokens"]
     assert p.memory["targets"] < N * 32000 * 4 * 1.01

@@ -194,8 +194,8 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     return t
 
 
-def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int,
-                    tied: bool) -> tuple[dict[str, Any], dict]:
+def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
+                    checkpoint_dtype: str) -> tuple[dict[str, Any], dict]:
     """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process."""
     g = _geometry(s)
     N, L, R = g["tokens"], g["seq_len"], g["supervised_rows"]
@@ -244,11 +244,15 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     m["transient_at_peak"] = candidates[where] - (static + m["batch"] + m["targets"] + m["ttt_activations"])
     m["peak"] = candidates[where]
     m["peak_phase"] = where
-    host = {"verifier_embedding": V * H * 4,
-            "verifier_lm_head": 0 if tied else V * Ht * 4,  # tied: the embedding tensor serves as lm_head
+    # model/verifier_head.py reads the embedding and lm_head with safetensors (memory-mapped: page cache, shared by the
+    # ranks of a node) and converts them to fp32; only a checkpoint stored in another dtype makes a private fp32 copy.
+    n_verifier = V * H + (0 if tied else V * Ht)  # tied: the embedding tensor serves as lm_head
+    ckpt_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(checkpoint_dtype, 2)
+    host = {"verifier_tensors_fp32_copy": 0 if checkpoint_dtype == "float32" else 4 * n_verifier,
             # train_step loads all of this rank's micro-batches of the step, in the storage dtype
             "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
-    return m, {"saved_by_term": saved, "candidates": candidates, "host": host}
+    page_cache = n_verifier * ckpt_bytes
+    return m, {"saved_by_term": saved, "candidates": candidates, "host": host, "page_cache": page_cache}
 
 
 # --- the plan -----------------------------------------------------------------------------------------------------
@@ -290,12 +294,15 @@ def plan(s: PlanSettings) -> Plan:
           "total_bytes": tokens * per_token[s.dtype],
           "by_dtype": {dt: {"bytes_per_token": b, "total_bytes": tokens * b} for dt, b in per_token.items()}}
 
-    mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied)
+    checkpoint_dtype = str(text.get("torch_dtype") or text.get("dtype") or vcfg.get("torch_dtype")
+                           or vcfg.get("dtype") or "bfloat16")
+    mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype)
     host = dict(detail["host"])
     host["total"] = sum(host.values())
-    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each loading the verifier tensors
+    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each with its own copies
+    host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
     if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
-        host["process_total"] = mem["peak"] + host["total"]
+        host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
     mem["saved_by_term"] = detail["saved_by_term"]
 
     # Bytes moved per optimizer step and rank: the hidden states of its micro-batches (from disk or from the server,
@@ -350,7 +357,7 @@ def plan(s: PlanSettings) -> Plan:
     verifier = {"config": str(cfg_path), "architectures": vcfg.get("architectures"),
                 "model_type": vcfg.get("model_type"), "hidden_size": text["hidden_size"],
                 "num_hidden_layers": text["num_hidden_layers"], "vocab_size": text["vocab_size"],
-                "tie_word_embeddings": tied, "weight_bytes": weight_bytes,
+                "tie_word_embeddings": tied, "dtype": checkpoint_dtype, "weight_bytes": weight_bytes,
                 "moe": {k: text[k] for k in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
                         if k in text}}
     batch = {**g, "tokens_per_step": step_tokens, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
@@ -407,8 +414,9 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {k:24s} {_b(m[k]):>10s}")
     lines.append(f"  {'peak':24s} {_b(m['peak']):>10s}  (at {m['peak_phase']})")
     hm = p.host_memory
-    lines.append(f"host RAM per rank: {_b(hm['total'])} (verifier embedding/lm_head as loaded in fp32, batches); "
-                 f"{_b(hm['per_node'])} for {s['gpus']} rank(s) on one node"
+    lines.append(f"host RAM per rank: {_b(hm['total'])} (fp32 copies of the verifier embedding/lm_head unless stored "
+                 f"in fp32, batches); {_b(hm['per_node'])} for {s['gpus']} rank(s) on one node, plus "
+                 f"{_b(hm['verifier_page_cache'])} of page cache for the memory-mapped verifier tensors"
                  + (f"; CPU training, whole process: {_b(hm['process_total'])}" if "process_total" in hm else ""))
     lines.append("modes:")
     for name, md in p.modes.items():
