@@ -115,7 +115,7 @@ def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
     # 4 TB of disk cannot hold 5.7 TB: only online fits; a 141 GB GPU holds the training step
     assert p.memory["peak"] < 141e9
     assert [m for m, x in p.modes.items() if x["fits"]] == ["online"]
-    assert p.recommendation.startswith("online")
+    assert p.recommendation.startswith("online") and "fp8 storage (2.87 TB)" in p.recommendation
     # default draft shape (what the trainer derives without overrides): head_dim = hidden / heads
     q = plan(PlanSettings(verifier=str(d), samples=25000, tokens_per_sample=4000))
     assert q.draft["head_dim"] == 112 and q.parameters["trainable"] < trainable

@@ -353,6 +353,10 @@ def plan(s: PlanSettings) -> Plan:
         notes.append("bf16 terms follow the code but were not measured here (no GPU); fp32 on CPU was measured "
                      "within 20% (benchmarks/README.md)")
     rec = _recommend(modes, mem_ok, disk_ok, s)
+    fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
+    if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
+        rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
+                f"stays within noise")
     settings = dataclasses.asdict(s)
     verifier = {"config": str(cfg_path), "architectures": vcfg.get("architectures"),
                 "model_type": vcfg.get("model_type"), "hidden_size": text["hidden_size"],
