@@ -34,7 +34,7 @@ TB = 1e12
 
 @dataclass
 class PlanSettings:
-    verifier: str  # a config.json or a directory holding one (weights not needed)
+    verifier: str  # a config.json, a directory holding one, an embedded name or a hub id (config.json only fetched)
     samples: int
     tokens_per_sample: int
     draft_vocab: int = 32000
@@ -83,10 +83,12 @@ def read_verifier_config(path: str | Path) -> tuple[dict[str, Any], Path]:
     p = Path(path).expanduser()
     cfg_path = p / "config.json" if p.is_dir() else p
     if not cfg_path.is_file():
-        if not p.exists() and str(path) == "smollm2-135m-instruct":
-            from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.assets.verifier import EMBEDDED, resolve_verifier
 
+        if not p.exists() and str(path) in EMBEDDED:
             return read_verifier_config(resolve_verifier(str(path)))
+        if not p.exists() and "/" in str(path) and not str(path).startswith((".", "/", "~")):
+            return read_verifier_config(_hub_config(str(path)))
         raise Eagle3InputError(f"plan: verifier config not found: {cfg_path} (pass a config.json or a directory "
                                f"holding one; weights are not needed)")
     try:
@@ -100,6 +102,21 @@ def read_verifier_config(path: str | Path) -> tuple[dict[str, Any], Path]:
         where = f"{cfg_path} (text_config)" if "text_config" in config else str(cfg_path)
         raise Eagle3InputError(f"plan: {where} lacks {', '.join(missing)}")
     return config, cfg_path
+
+
+def _hub_config(repo_id: str) -> Path:
+    """Fetch only config.json (and the weight index, for the size) of a hub model: never its weights."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise Eagle3InputError(f"plan: could not fetch config.json of '{repo_id}' from the hub: {e}") from None
+    try:
+        hf_hub_download(repo_id, "model.safetensors.index.json")
+    except Exception:  # noqa: BLE001 - optional: single-file models have no index
+        pass
+    return path
 
 
 def _verifier_weight_bytes(cfg_path: Path) -> int | None:
@@ -436,7 +453,8 @@ def format_plan(p: Plan) -> str:
 
 # --- CLI ------------------------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", required=True, help="verifier config.json or a directory holding one (no weights)")
+    p.add_argument("--verifier", required=True,
+                   help="verifier config.json, a directory holding one, an embedded name or a hub id (no weights read)")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--tokens-per-sample", type=int, required=True)
     p.add_argument("--draft-vocab", type=int, default=32000)
