@@ -27,7 +27,6 @@ _TRAIN_DEFAULTS = TrainConfig()
 # bytes per element of stored hidden states; fp8 adds one fp32 scale per row (per token and per stored state)
 _STORAGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 _FP8_SCALE_BYTES = 4
-_MODES = ("offline", "hybrid", "online")
 GB = 1e9
 TB = 1e12
 
