@@ -27,6 +27,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("eagle3_train.evaluate.cli", "measure acceptance length (offline or on a vLLM server)"),
     "serve": ("eagle3_train.serving.vllm_server", "start a vLLM server for the verifier (and a draft)"),
     "inspect": ("eagle3_train.export.inspect", "print a checkpoint's summary and lineage"),
+    "plan": ("eagle3_train.plan", "estimate disk, transfer and memory of a run from the verifier config alone"),
 }
 
 

@@ -89,6 +89,24 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     }
 
 
+def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], precision: str,
+                  world_size: int) -> dict[str, Any]:
+    """The planner's per-rank memory for this very draft shape and data (activations included)."""
+    from eagle3_train.plan import PlanSettings, plan
+
+    n = max(1, int(train_data["samples"]))
+    p = plan(PlanSettings(
+        verifier=str(inputs.verifier_dir), samples=n, tokens_per_sample=max(1, int(train_data["tokens"]) // n),
+        draft_vocab=mc.draft_vocab_size, ttt_steps=cfg.ttt_steps, token_budget=cfg.token_budget,
+        grad_accum=cfg.grad_accum, epochs=cfg.epochs, gpus=world_size, precision=precision,
+        device="cuda" if precision == "bf16" else "cpu", num_layers=mc.num_layers,
+        intermediate_size=mc.intermediate_size, num_attention_heads=mc.num_attention_heads,
+        num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss))
+    return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
+            "ttt_activations_bytes": p.memory["ttt_activations"]}
+
+
 # --- header-only exports --------------------------------------------------------------------------------------------
 def write_header_only_safetensors(path: Path, specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
                                   real: dict[str, torch.Tensor]) -> None:
@@ -298,6 +316,10 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
 
     data = _check_data(cfg, inputs, H, V, model.config.max_position_embeddings, world_size, checked, not_checked)
     figures = memory_figures(model, inputs, cfg, precision)
+    figures["plan"] = _planned_peak(model.config, inputs, cfg, data["train"], precision, world_size)
+    checked.append(f"planned peak per rank with TTT activations at token budget {cfg.token_budget}: "
+                   f"{figures['plan']['peak_bytes'] / 2**30:.1f} GiB ({figures['plan']['peak_phase']}; "
+                   f"`eagle3-train plan`)")
     hidden_bytes = (inputs.hidden_manifest.get("counts") or {}).get("bytes")
     if hidden_bytes:
         figures["disk_bytes"]["hidden states (extracted)"] = hidden_bytes
@@ -309,8 +331,8 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
         checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, L)
         exports[fmt] = {"dir": str(d), "engines": engine_support(model.config, fmt)}
     not_checked += [
-        "optimizer steps, activation memory and speed at this token budget (benchmarks/kimi_dry_run.py runs a "
-        "width-reduced forward/backward)",
+        "optimizer steps and speed, and the measured (not planned) activation memory at this token budget "
+        "(benchmarks/kimi_dry_run.py runs a width-reduced forward/backward)",
         "export logits round trip (the dry-run exports are header-only: zeros, not the draft's weights)",
         "the engines themselves: exports are checked against their loaders' rules, not loaded in vLLM/SGLang",
         "tokenizer and chat template (prepare's job, already done for this data)",
@@ -333,6 +355,8 @@ def format_report(report: dict[str, Any]) -> str:
                  f"{_gib(m['per_rank_bytes_without_activations'])} ({m['trainable_parameters'] / 1e9:.3f}B trainable, "
                  f"{m['frozen_parameters'] / 1e9:.3f}B frozen); data parallel replicates it on every rank")
     lines += [f"    {k}: {_gib(v)}" for k, v in m["parts_bytes"].items()]
+    lines.append(f"planned peak per rank with TTT activations: {_gib(m['plan']['peak_bytes'])} "
+                 f"(activations {_gib(m['plan']['ttt_activations_bytes'])}, peak at {m['plan']['peak_phase']})")
     lines.append("disk:")
     lines += [f"    {k}: {_gib(v)}" for k, v in m["disk_bytes"].items()]
     for fmt, e in report["exports"].items():

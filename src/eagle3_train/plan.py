@@ -1,0 +1,483 @@
+"""`eagle3-train plan`: disk, transfer, parameters and memory of a training run, from the verifier's config.json alone.
+
+Python API: `plan(PlanSettings) -> Plan` (a dataclass; `Plan.to_dict()` for JSON). Nothing is downloaded or loaded:
+the config is read as JSON (so configs that need trust_remote_code, e.g. DeepSeek-V3 / Kimi-K2, work), and the draft
+is built exactly as the trainer builds it (`DraftConfig.from_verifier` + `Eagle3Draft`) on the meta device, so the
+parameter counts are the model's own, not a formula that could drift from it.
+
+The memory model follows what `train/trainer.py` and `train/ttt.py` keep alive; every term is named in the output.
+It was checked against a measured CPU run (benchmarks/plan_vs_measured.py); the bf16/CUDA terms follow the same code
+but are unmeasured here (see `PlanSettings.precision`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.utils.io import Eagle3InputError
+
+_TRAIN_DEFAULTS = TrainConfig()
+# bytes per element of stored hidden states; fp8 adds one fp32 scale per row (per token and per stored state)
+_STORAGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+_FP8_SCALE_BYTES = 4
+GB = 1e9
+TB = 1e12
+
+
+@dataclass
+class PlanSettings:
+    verifier: str  # a config.json, a directory holding one, an embedded name or a hub id (config.json only fetched)
+    samples: int
+    tokens_per_sample: int
+    draft_vocab: int = 32000
+    ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps
+    token_budget: int = _TRAIN_DEFAULTS.token_budget  # padded tokens per micro-batch and rank
+    grad_accum: int = _TRAIN_DEFAULTS.grad_accum
+    epochs: float = _TRAIN_DEFAULTS.epochs
+    gpus: int = 1  # data-parallel ranks (each holds a full replica: the trainer all-reduces gradients)
+    gpu_memory_gb: float | None = None  # per GPU
+    disk_tb: float | None = None
+    dtype: str = "bfloat16"  # storage dtype of the hidden states: bfloat16 | float16 | float32 | fp8
+    precision: str = "bf16"  # training compute: bf16 (autocast, fp32 master weights; GPU) | fp32 (the CPU default)
+    device: str = "cuda"  # cuda: frozen tensors copied to the GPU; cpu: "device" and host memory are the same
+    supervised_fraction: float = 1.0  # share of tokens with a loss (assistant tokens); 1.0 = the worst case
+    # draft architecture: the trainer's settings, and overrides of what from_verifier derives (e.g. a published draft)
+    num_layers: int = _TRAIN_DEFAULTS.num_layers
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    checkpoint_mlp: bool = _TRAIN_DEFAULTS.checkpoint_mlp
+    checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
+
+
+@dataclass
+class Plan:
+    settings: dict[str, Any]
+    verifier: dict[str, Any]  # the fields read from config.json
+    draft: dict[str, Any]  # DraftConfig (as the trainer would build it)
+    parameters: dict[str, int]  # trainable / frozen counts, from the meta-device model
+    hidden_states: dict[str, Any]  # bytes per token and totals per storage dtype
+    batch: dict[str, int]  # micro-batch geometry per rank
+    memory: dict[str, Any]  # per rank, bytes, named terms and the peak
+    host_memory: dict[str, int]  # per rank process on the host (CPU RAM), bytes
+    modes: dict[str, dict[str, Any]]  # offline / hybrid / online: disk, bytes moved, fits
+    recommendation: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- reading the verifier ---------------------------------------------------------------------------------------------
+def read_verifier_config(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """Return (config dict, config.json path). JSON only: no transformers class, no remote code, no weights."""
+    p = Path(path).expanduser()
+    cfg_path = p / "config.json" if p.is_dir() else p
+    if not cfg_path.is_file():
+        from eagle3_train.assets.verifier import EMBEDDED, resolve_verifier
+
+        if not p.exists() and str(path) in EMBEDDED:
+            return read_verifier_config(resolve_verifier(str(path)))
+        if not p.exists() and "/" in str(path) and not str(path).startswith((".", "/", "~")):
+            return read_verifier_config(_hub_config(str(path)))
+        raise Eagle3InputError(f"plan: verifier config not found: {cfg_path} (pass a config.json or a directory "
+                               f"holding one; weights are not needed)")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise Eagle3InputError(f"plan: {cfg_path} is not valid JSON: {e}") from None
+    text = config.get("text_config", config)
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
+                           "intermediate_size") if k not in text]
+    if missing:
+        where = f"{cfg_path} (text_config)" if "text_config" in config else str(cfg_path)
+        raise Eagle3InputError(f"plan: {where} lacks {', '.join(missing)}")
+    return config, cfg_path
+
+
+def _hub_config(repo_id: str) -> Path:
+    """Fetch only config.json (and the weight index, for the size) of a hub model: never its weights."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise Eagle3InputError(f"plan: could not fetch config.json of '{repo_id}' from the hub: {e}") from None
+    try:
+        hf_hub_download(repo_id, "model.safetensors.index.json")
+    except Exception:  # noqa: BLE001 - optional: single-file models have no index
+        pass
+    return path
+
+
+def _verifier_weight_bytes(cfg_path: Path) -> int | None:
+    """Size of the verifier's weights if its directory says so (index metadata or files); None from a bare config."""
+    d = cfg_path.parent
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+            if total:
+                return int(total)
+        except json.JSONDecodeError:
+            pass
+    files = [f for f in d.glob("*.safetensors") if f.is_file()]
+    return sum(f.stat().st_size for f in files) or None
+
+
+# --- the draft, counted -------------------------------------------------------------------------------------------
+def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
+    """The draft the trainer would build (same config code, same module), on the meta device: shapes, no memory."""
+    import torch
+
+    from eagle3_train.model.config import DraftConfig
+    from eagle3_train.model.draft import Eagle3Draft
+
+    overrides = {"intermediate_size": s.intermediate_size, "num_layers": s.num_layers,
+                 "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_key_value_heads,
+                 "head_dim": s.head_dim}
+    try:
+        draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab, **overrides)
+    except KeyError as e:
+        raise Eagle3InputError(f"plan: verifier config lacks {e}") from None
+    with torch.device("meta"):
+        model = Eagle3Draft(draft_cfg)
+    return draft_cfg, model
+
+
+def count_parameters(model) -> dict[str, int]:
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    by_module: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        key = name.split(".")[0] if not name.startswith("layers.") else ".".join(name.split(".")[:3])
+        by_module[key] = by_module.get(key, 0) + p.numel()
+    return {"trainable": trainable, "frozen": frozen, "frozen_embedding": model.embed_tokens.weight.numel(),
+            "trainable_bytes_bf16": 2 * trainable, **{f"module:{k}": v for k, v in sorted(by_module.items())}}
+
+
+# --- memory model -------------------------------------------------------------------------------------------------
+def _geometry(s: PlanSettings) -> dict[str, int]:
+    """Micro-batch shape per rank: `plan_batches` packs B samples of length L with B*L <= budget; a sample longer than
+    the budget gets a batch of its own."""
+    L = s.tokens_per_sample
+    B = max(1, s.token_budget // L)
+    N = B * L
+    return {"batch_size": B, "seq_len": L, "tokens": N,
+            "supervised_rows": max(0, math.ceil(s.supervised_fraction * N))}
+
+
+def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoint_mlp: bool,
+                    checkpoint_loss: bool, Vd: int) -> dict[str, int]:
+    """Bytes the autograd graph keeps from the forward of one micro-batch to its backward (see train/ttt.py and
+    model/draft.py), by term. N tokens in [B, L], R supervised rows per TTT step (an upper bound for later steps).
+
+    Per decoder layer and TTT step: the RMSNorms keep their fp32 input and normalised output; q/k/v keep their input
+    (under autocast one bf16 cast per projection, in fp32 one shared tensor); SDPA keeps q, its output and the keys and
+    values it read, which at step j are the step-0 sequence plus one key per later step ((j+1)*N rows, a new tensor
+    per step); o_proj keeps its input; the MLP keeps its input only (recomputed in backward) or its four [N, I]
+    activations. The loss keeps the gathered [R, H] rows (recomputed) or its [R, Vd] logits and log-softmax."""
+    H, Q = d.hidden_size, d.num_attention_heads * d.head_dim
+    K, inter = d.num_key_value_heads * d.head_dim, d.intermediate_size
+    a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
+    qkv_copies = 3 if bf16 else 1
+    t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_mask": 0,
+         "o_proj_input": 0, "mlp": 0, "loss": 0}
+    for j in range(steps):
+        if L - 2 - j <= 0:
+            break
+        for layer in range(d.num_layers):
+            first = layer == 0
+            # first layer: hidden_norm (input + output) and input_layernorm over the frozen embedding (output only)
+            t["norms"] += (3 if first else 2) * N * H * 4
+            t["qkv_inputs"] += qkv_copies * N * (2 * H if first else H) * a
+            t["attention_q_out"] += 2 * N * Q * a
+            t["attention_kv"] += 2 * (j + 1) * N * K * a
+            t["attention_mask"] += L * (j + 1) * L if j else 0  # bool [L, (j+1)L]
+            t["o_proj_input"] += N * Q * a
+            t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * inter * a)
+        t["loss"] += R * H * 4 if checkpoint_loss else R * H * 4 + 2 * R * Vd * 4
+    t["fc_input"] = N * 3 * d.aux_hidden_size * a if bf16 else 0  # fp32: the batch's aux tensor itself
+    t["total"] = sum(t.values())
+    return t
+
+
+def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
+                    checkpoint_dtype: str) -> tuple[dict[str, Any], dict]:
+    """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process."""
+    g = _geometry(s)
+    N, L, R = g["tokens"], g["seq_len"], g["supervised_rows"]
+    P = params["trainable"]
+    V, Vd, H, Ht = d.vocab_size, d.draft_vocab_size, d.hidden_size, d.aux_hidden_size
+    bf16 = s.precision == "bf16"
+    m: dict[str, Any] = {
+        "weights_fp32_master": 4 * P,  # the trainer keeps fp32 parameters (autocast computes in bf16)
+        "grads": 4 * P,
+        "adamw_states": 8 * P,  # exp_avg + exp_avg_sq, fp32
+        "autocast_weight_copies": 2 * P if bf16 else 0,  # bf16 casts of the weights, kept for backward
+        "frozen_embedding": V * H * frozen_bytes,  # the verifier's input embedding inside the draft
+        # verifier lm_head for the targets (train/targets.py): its own fp32 copy on the GPU; on CPU the loaded
+        # tensor itself (counted in host memory)
+        "verifier_lm_head": V * Ht * 4 if s.device == "cuda" else 0,
+        "buffers": V + 8 * Vd,  # t2d (bool), d2t (int64)
+        "batch": N * 4 * Ht * 4,  # aux [N, 3H] + final [N, H], converted to fp32 on the device
+        "targets": R * Vd * 4 + 16 * R,  # verifier distribution over the DRAFT vocab only, kept for the step
+    }
+    saved = ttt_saved_bytes(d, N, L, R, s.ttt_steps, bf16, s.checkpoint_mlp, s.checkpoint_loss, Vd)
+    m["ttt_activations"] = saved["total"]
+    # Transients, one at a time: the targets' chunked full-vocab logits (1024 rows, argmax only) before the forward;
+    # the end of the forward (the K/V caches of steps >= 1, alive until ttt_forward returns, plus the last step's loss);
+    # the start of the backward (the recomputed loss of the last step); the gradient all-reduce buffer (DDP).
+    # The loss (ttt._head_loss) holds four [R, Vd] fp32 tensors at once: logits, log-softmax, the gathered targets and
+    # their product in the forward; log-softmax, targets, the product's gradient and the logits' gradient in backward.
+    # Under autocast the fp32 lm_head (and its draft rows) are cast to bf16 for each chunk's matmul: not leaves that
+    # need grad, so autocast does not cache them, and a [V, H] bf16 copy exists while a chunk runs.
+    chunk = min(1024, R)
+    targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
+    if bf16:
+        targets_tmp += 2 * V * Ht + 2 * Vd * Ht
+    loss_fwd = loss_bwd = 4 * R * Vd * 4
+    kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
+                    for j in range(1, s.ttt_steps)) * d.num_layers
+    static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
+    candidates = {
+        # before the forward: gradients were freed (zero_grad(set_to_none)), no autocast weight copies yet
+        "targets": static - m["grads"] - m["autocast_weight_copies"] + m["batch"] + m["targets"] + targets_tmp,
+        "forward_end": static - m["grads"] + m["batch"] + m["targets"] + saved["total"] + kv_caches + loss_fwd,
+        # all gradients counted (an upper bound: they are allocated as the backward proceeds)
+        "backward_start": static + m["batch"] + m["targets"] + saved["total"] + loss_bwd,
+        "all_reduce": static + 4 * P if s.gpus > 1 else 0,
+    }
+    where = max(candidates, key=candidates.get)
+    m["transient_at_peak"] = candidates[where] - (static + m["batch"] + m["targets"] + m["ttt_activations"])
+    m["peak"] = candidates[where]
+    m["peak_phase"] = where
+    # model/verifier_head.py reads the embedding and lm_head with safetensors (memory-mapped: page cache, shared by the
+    # ranks of a node) and converts them to fp32; only a checkpoint stored in another dtype makes a private fp32 copy.
+    n_verifier = V * H + (0 if tied else V * Ht)  # tied: the embedding tensor serves as lm_head
+    ckpt_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(checkpoint_dtype, 2)
+    host = {"verifier_tensors_fp32_copy": 0 if checkpoint_dtype == "float32" else 4 * n_verifier,
+            # train_step loads all of this rank's micro-batches of the step, in the storage dtype
+            "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
+    page_cache = n_verifier * ckpt_bytes
+    return m, {"saved_by_term": saved, "candidates": candidates, "host": host, "page_cache": page_cache}
+
+
+# --- the plan -----------------------------------------------------------------------------------------------------
+def _check(s: PlanSettings) -> None:
+    for name in ("samples", "tokens_per_sample", "draft_vocab", "ttt_steps", "token_budget", "gpus", "grad_accum"):
+        if getattr(s, name) < 1:
+            raise Eagle3InputError(f"plan: --{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
+    if s.dtype not in _STORAGE_BYTES:
+        raise Eagle3InputError(f"plan: --dtype must be one of {', '.join(_STORAGE_BYTES)}, got {s.dtype!r}")
+    if s.precision not in ("bf16", "fp32"):
+        raise Eagle3InputError(f"plan: --precision must be bf16 or fp32, got {s.precision!r}")
+    if s.device not in ("cuda", "cpu"):
+        raise Eagle3InputError(f"plan: --device must be cuda or cpu, got {s.device!r}")
+    if not 0 < s.supervised_fraction <= 1:
+        raise Eagle3InputError(f"plan: --supervised-fraction must be in (0, 1], got {s.supervised_fraction}")
+
+
+def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
+    """3 aux states + the final state per token; fp8 stores one fp32 scale per state row."""
+    b = 4 * H * _STORAGE_BYTES[dtype]
+    return b + 4 * _FP8_SCALE_BYTES if dtype == "fp8" else b
+
+
+def plan(s: PlanSettings) -> Plan:
+    _check(s)
+    vcfg, cfg_path = read_verifier_config(s.verifier)
+    text = vcfg.get("text_config", vcfg)
+    draft_cfg, model = build_meta_draft(vcfg, s)
+    tied = bool(vcfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    params = count_parameters(model)
+    frozen_bytes = model.embed_tokens.weight.element_size()  # the dtype the trainer builds the embedding in
+    H = draft_cfg.aux_hidden_size
+    g = _geometry(s)
+    tokens = s.samples * s.tokens_per_sample
+
+    per_token = {dt: hidden_state_bytes_per_token(H, dt) for dt in ("bfloat16", "fp8", "float32")}
+    per_token[s.dtype] = hidden_state_bytes_per_token(H, s.dtype)
+    hs = {"tokens": tokens, "bytes_per_token": per_token[s.dtype], "storage_dtype": s.dtype,
+          "total_bytes": tokens * per_token[s.dtype],
+          "by_dtype": {dt: {"bytes_per_token": b, "total_bytes": tokens * b} for dt, b in per_token.items()}}
+
+    checkpoint_dtype = str(text.get("torch_dtype") or text.get("dtype") or vcfg.get("torch_dtype")
+                           or vcfg.get("dtype") or "bfloat16")
+    mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype)
+    host = dict(detail["host"])
+    host["total"] = sum(host.values())
+    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each with its own copies
+    host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
+    if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
+        host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
+    mem["saved_by_term"] = detail["saved_by_term"]
+
+    # Bytes moved per optimizer step and rank: the hidden states of its micro-batches (from disk or from the server,
+    # which sends its bf16 compute dtype), plus the gradient all-reduce (a ring moves 2(G-1)/G of the fp32 grads).
+    rank_tokens = g["tokens"] * s.grad_accum
+    step_tokens = rank_tokens * s.gpus
+    disk_step = rank_tokens * per_token[s.dtype]
+    wire_step = rank_tokens * per_token["bfloat16"]
+    allreduce = int(2 * (s.gpus - 1) / s.gpus * 4 * params["trainable"]) if s.gpus > 1 else 0
+    steps_per_epoch = max(1, math.ceil(s.samples / (g["batch_size"] * s.grad_accum * s.gpus)))
+    total_steps = max(1, math.ceil(s.epochs * steps_per_epoch))
+    weight_bytes = _verifier_weight_bytes(cfg_path)
+
+    mem_ok = None if s.gpu_memory_gb is None else mem["peak"] <= s.gpu_memory_gb * GB
+    disk_need = hs["total_bytes"]
+    disk_ok = None if s.disk_tb is None else disk_need <= s.disk_tb * TB
+
+    def mode(disk: int, read: int, server: int, passes: int, how: str) -> dict[str, Any]:
+        return {"disk_bytes": disk, "read_bytes_per_step": read, "server_bytes_per_step": server,
+                "allreduce_bytes_per_step": allreduce, "verifier_passes": passes, "how": how}
+    modes = {
+        "offline": mode(disk_need, disk_step, 0, 1,
+                        "extract once, then train from disk; later epochs reread the disk"),
+        "hybrid": mode(disk_need, disk_step, wire_step, 1,
+                       "epoch 1 streams from the server (server column) and writes to disk; later epochs read it"),
+        "online": mode(0, 0, wire_step, max(1, math.ceil(s.epochs)),
+                       "every epoch streams from the server; nothing written"),
+    }
+    for name, md in modes.items():
+        d_ok = True if name == "online" else disk_ok
+        md["memory_fits"] = mem_ok
+        md["disk_fits"] = d_ok
+        md["fits"] = None if (mem_ok is None or d_ok is None) else bool(mem_ok and d_ok)
+        md["needs_server"] = name != "offline"
+    notes = []
+    if weight_bytes:
+        notes.append(f"the verifier's weights are {weight_bytes / GB:.1f} GB: online/hybrid need them served "
+                     f"(vLLM) beside or apart from the training GPUs; offline needs them once, for extraction")
+    else:
+        notes.append("verifier weight size unknown (config only): online/hybrid need a server for it on other GPUs "
+                     "or beside training")
+    if s.tokens_per_sample > s.token_budget:
+        notes.append(f"samples ({s.tokens_per_sample} tokens) exceed --token-budget {s.token_budget}: each "
+                     f"micro-batch holds one sample, so memory is planned at {s.tokens_per_sample} tokens")
+    if frozen_bytes == 4:
+        notes.append("the frozen verifier embedding is held in fp32 by the trainer (as counted); bf16 would halve it")
+    if s.precision == "bf16":
+        notes.append("bf16 terms follow the code but were not measured here (no GPU); fp32 on CPU was measured "
+                     "within 20% (benchmarks/README.md)")
+    rec = _recommend(modes, mem_ok, disk_ok, s)
+    fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
+    if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
+        rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
+                f"stays within noise")
+    settings = dataclasses.asdict(s)
+    verifier = {"config": str(cfg_path), "architectures": vcfg.get("architectures"),
+                "model_type": vcfg.get("model_type"), "hidden_size": text["hidden_size"],
+                "num_hidden_layers": text["num_hidden_layers"], "vocab_size": text["vocab_size"],
+                "tie_word_embeddings": tied, "dtype": checkpoint_dtype, "weight_bytes": weight_bytes,
+                "moe": {k: text[k] for k in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+                        if k in text}}
+    batch = {**g, "tokens_per_step": step_tokens, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    return Plan(settings, verifier, draft_cfg.to_dict(), params, hs, batch, mem, host, modes, rec, notes)
+
+
+def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings) -> str:
+    if mem_ok is False:
+        return ("nothing fits: the training peak per rank exceeds --gpu-memory; lower --token-budget "
+                "(or --tokens-per-sample), or use GPUs with more memory")
+    if mem_ok is None or disk_ok is None:
+        return "pass --gpu-memory and --disk to check which mode fits"
+    if disk_ok:
+        return ("offline (or hybrid to overlap extraction with the first epoch): the hidden states fit on disk"
+                + ("" if s.epochs > 1 else "; with one epoch, online avoids writing them at all"))
+    return "online: the hidden states do not fit on disk; stream them from the server every epoch"
+
+
+# --- printing -----------------------------------------------------------------------------------------------------
+def _b(n: float) -> str:
+    for unit, size in (("TB", TB), ("GB", GB), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _n(n: int) -> str:
+    return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def format_plan(p: Plan) -> str:
+    s, d, pr, hs, m, b = p.settings, p.draft, p.parameters, p.hidden_states, p.memory, p.batch
+    v = p.verifier
+    lines = [
+        f"verifier  {v['config']}: {v['model_type']} {v['architectures']}, hidden {v['hidden_size']}, "
+        f"{v['num_hidden_layers']} layers, vocab {v['vocab_size']}",
+        f"draft     {d['num_layers']} layer(s), hidden {d['hidden_size']}, heads {d['num_attention_heads']}/"
+        f"{d['num_key_value_heads']} x {d['head_dim']}, intermediate {d['intermediate_size']}, draft vocab "
+        f"{d['draft_vocab_size']}, aux layers {d['aux_layer_ids']}",
+        f"params    trainable {_n(pr['trainable'])} ({_b(pr['trainable_bytes_bf16'])} bf16); frozen "
+        f"{_n(pr['frozen'])} (verifier embedding); the verifier lm_head [{v['vocab_size']}, "
+        f"{v['hidden_size']}] is also held for the targets",
+        f"data      {s['samples']} samples x {s['tokens_per_sample']} tokens = {hs['tokens']:,} tokens; micro-batch "
+        f"{b['batch_size']} x {b['seq_len']} per rank, {b['tokens_per_step']:,} tokens per step on {s['gpus']} "
+        f"rank(s), {b['steps_per_epoch']} steps/epoch",
+        "hidden states on disk (3 aux + final per token):",
+    ]
+    for dt, x in hs["by_dtype"].items():
+        mark = " <- --dtype" if dt == hs["storage_dtype"] else ""
+        lines.append(f"  {dt:9s} {_b(x['bytes_per_token']):>10s}/token  {_b(x['total_bytes']):>10s}{mark}")
+    lines.append(f"training memory per rank (ttt {s['ttt_steps']}, {s['precision']}, budget {s['token_budget']}):")
+    for k in ("weights_fp32_master", "grads", "adamw_states", "autocast_weight_copies", "frozen_embedding",
+              "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
+        lines.append(f"  {k:24s} {_b(m[k]):>10s}")
+    lines.append(f"  {'peak':24s} {_b(m['peak']):>10s}  (at {m['peak_phase']})")
+    hm = p.host_memory
+    lines.append(f"host RAM per rank: {_b(hm['total'])} (fp32 copies of the verifier embedding/lm_head unless stored "
+                 f"in fp32, batches); {_b(hm['per_node'])} for {s['gpus']} rank(s) on one node, plus "
+                 f"{_b(hm['verifier_page_cache'])} of page cache for the memory-mapped verifier tensors"
+                 + (f"; CPU training, whole process: {_b(hm['process_total'])}" if "process_total" in hm else ""))
+    lines.append("modes:")
+    for name, md in p.modes.items():
+        fits = {None: "?", True: "fits", False: "does NOT fit"}[md["fits"]]
+        lines.append(f"  {name:8s} disk {_b(md['disk_bytes']):>9s} | per rank and step: disk read "
+                     f"{_b(md['read_bytes_per_step']):>9s}, from server {_b(md['server_bytes_per_step']):>9s}, "
+                     f"all-reduce {_b(md['allreduce_bytes_per_step']):>9s} | {md['verifier_passes']} verifier "
+                     f"pass(es) -> {fits}")
+    lines.append(f"recommendation: {p.recommendation}")
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verifier", required=True,
+                   help="verifier config.json, a directory holding one, an embedded name or a hub id (no weights read)")
+    p.add_argument("--samples", type=int, required=True)
+    p.add_argument("--tokens-per-sample", type=int, required=True)
+    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--ttt", dest="ttt_steps", type=int, default=_TRAIN_DEFAULTS.ttt_steps)
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpu-memory", dest="gpu_memory_gb", type=float, help="GB per GPU")
+    p.add_argument("--disk", dest="disk_tb", type=float, help="TB free for hidden states")
+    p.add_argument("--token-budget", type=int, default=_TRAIN_DEFAULTS.token_budget)
+    p.add_argument("--grad-accum", type=int, default=_TRAIN_DEFAULTS.grad_accum)
+    p.add_argument("--epochs", type=float, default=_TRAIN_DEFAULTS.epochs)
+    p.add_argument("--dtype", default="bfloat16", help="hidden-state storage: bfloat16 | float16 | float32 | fp8")
+    p.add_argument("--precision", default="bf16", help="training compute: bf16 (GPU) | fp32 (CPU)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--supervised-fraction", type=float, default=1.0, help="share of tokens with a loss (1 = bound)")
+    p.add_argument("--num-layers", type=int, default=_TRAIN_DEFAULTS.num_layers)
+    p.add_argument("--intermediate-size", type=int)
+    p.add_argument("--draft-heads", dest="num_attention_heads", type=int)
+    p.add_argument("--draft-kv-heads", dest="num_key_value_heads", type=int)
+    p.add_argument("--draft-head-dim", dest="head_dim", type=int)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    names = {f.name for f in dataclasses.fields(PlanSettings)}
+    result = plan(PlanSettings(**{k: v for k, v in vars(args).items() if k in names}))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+    return 0

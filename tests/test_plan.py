@@ -1,0 +1,193 @@
+"""`eagle3-train plan`: parameter counts from the real draft module, disk and memory figures, mode choice, CLI.
+
+Expected parameter counts are derived here from the draft's layer shapes (fc, q/k/v/o, MLP, norms, lm_head), an
+independent count of what `Eagle3Draft` declares; the activation model is checked against the tensors autograd really
+saves for one micro-batch of the training code path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle3_train.cli import main as cli_main
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.plan import PlanSettings, plan, ttt_saved_bytes
+from eagle3_train.utils.io import Eagle3InputError
+
+# Public Kimi-K2-Instruct config fields (DeepSeek-V3 architecture, MLA + MoE); no weights, and remote code is never run.
+KIMI_K2 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840, "num_attention_heads": 64,
+    "num_key_value_heads": 64, "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1,
+    "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+    "routed_scaling_factor": 2.827, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+    "rope_theta": 50000.0, "rope_scaling": {"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0,
+                                            "mscale": 1.0, "mscale_all_dim": 1.0,
+                                            "original_max_position_embeddings": 4096},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 163584, "eos_token_id": 163585,
+}
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def write_config(tmp_path, name: str, config: dict):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def expected_trainable(H: int, heads: int, kv_heads: int, head_dim: int, inter: int, draft_vocab: int) -> int:
+    fc = 3 * H * H
+    attn = 2 * H * heads * head_dim + 2 * 2 * H * kv_heads * head_dim + heads * head_dim * H  # q, k, v read [emb|h]
+    mlp = 3 * H * inter
+    norms = 4 * H  # hidden_norm, input_layernorm, post_attention_layernorm, final norm
+    return fc + attn + mlp + norms + draft_vocab * H
+
+
+def test_smollm2_counts_match_the_real_draft(smollm2_dir):
+    p = plan(PlanSettings(verifier=str(smollm2_dir), samples=200, tokens_per_sample=512, draft_vocab=8192,
+                          ttt_steps=3, precision="fp32", device="cpu"))
+    vcfg = json.loads((smollm2_dir / "config.json").read_text())
+    real = Eagle3Draft(DraftConfig.from_verifier(vcfg, draft_vocab_size=8192))  # materialised, not meta
+    assert p.parameters["trainable"] == sum(x.numel() for x in real.parameters() if x.requires_grad)
+    assert p.parameters["frozen"] == vcfg["vocab_size"] * vcfg["hidden_size"]
+    H = vcfg["hidden_size"]
+    assert p.hidden_states["bytes_per_token"] == 4 * H * 2
+    assert p.hidden_states["total_bytes"] == 200 * 512 * 4 * H * 2
+    assert p.batch["batch_size"] == 2048 // 512 and p.batch["tokens"] == 2048
+    assert p.memory["peak"] > p.memory["ttt_activations"] > 0
+    # stored in fp32 and tied: the memory-mapped embedding is used as is (page cache), no private copy
+    assert p.host_memory["verifier_tensors_fp32_copy"] == 0
+    assert p.host_memory["verifier_page_cache"] == vcfg["vocab_size"] * H * 4
+    assert p.host_memory["process_total"] > p.memory["peak"]
+
+
+def test_llama_31_8b_shaped(tmp_path):
+    d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
+    p = plan(PlanSettings(verifier=str(d), samples=10000, tokens_per_sample=2048, draft_vocab=32000))
+    assert p.draft["head_dim"] == 128 and p.draft["aux_layer_ids"] == [2, 16, 29]
+    assert p.parameters["trainable"] == expected_trainable(4096, 32, 8, 128, 14336, 32000)
+    assert p.parameters["frozen"] == 128256 * 4096
+    assert p.hidden_states["bytes_per_token"] == 4 * 4096 * 2
+    # fp8 with one fp32 scale per stored row: a little over half of bf16
+    fp8 = p.hidden_states["by_dtype"]["fp8"]["bytes_per_token"]
+    assert fp8 == 4 * 4096 + 4 * 4
+    # the same model nested in text_config (multimodal wrappers) plans the same
+    nested = write_config(tmp_path, "nested", {"architectures": ["Wrapper"], "text_config": LLAMA_31_8B})
+    q = plan(PlanSettings(verifier=str(nested / "config.json"), samples=10000, tokens_per_sample=2048))
+    assert q.parameters == p.parameters and q.memory["peak"] == p.memory["peak"]
+
+
+def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
+    d = write_config(tmp_path, "kimi", KIMI_K2)
+    # AQ-MedAI/Kimi-K2-Instruct-eagle3: 64 heads, 64 KV heads, head_dim 128 (from_verifier alone would take 7168/64)
+    s = PlanSettings(verifier=str(d), samples=25000, tokens_per_sample=4000, draft_vocab=32000, head_dim=128,
+                     gpus=8, gpu_memory_gb=141, disk_tb=4)
+    p = plan(s)
+    trainable = p.parameters["trainable"]
+    assert trainable == expected_trainable(7168, 64, 64, 128, 18432, 32000)
+    assert trainable == pytest.approx(1.19e9, rel=0.01)  # the published file: 1.19B parameters, 2.4 GB bf16
+    assert p.parameters["trainable_bytes_bf16"] == pytest.approx(2.4e9, rel=0.02)
+    assert p.parameters["frozen"] == 163840 * 7168  # 1.17B frozen embedding
+    assert p.hidden_states["bytes_per_token"] == 57344  # 57 KB per token in bf16
+    assert p.hidden_states["total_bytes"] == pytest.approx(5.7e12, rel=0.01)
+    assert p.verifier["moe"]["n_routed_experts"] == 384
+    # bf16 checkpoint, untied: each rank converts embedding and lm_head to fp32 in host RAM
+    assert p.host_memory["verifier_tensors_fp32_copy"] == 2 * 163840 * 7168 * 4
+    # the memory terms that scale with the vocabularies stay at the draft vocab: no [tokens, 163840] term
+    N = p.batch["tokens"]
+    assert p.memory["targets"] < N * 32000 * 4 * 1.01
+    # 4 TB of disk cannot hold 5.7 TB: only online fits; a 141 GB GPU holds the training step
+    assert p.memory["peak"] < 141e9
+    assert [m for m, x in p.modes.items() if x["fits"]] == ["online"]
+    assert p.recommendation.startswith("online") and "fp8 storage (2.87 TB)" in p.recommendation
+    # default draft shape (what the trainer derives without overrides): head_dim = hidden / heads
+    q = plan(PlanSettings(verifier=str(d), samples=25000, tokens_per_sample=4000))
+    assert q.draft["head_dim"] == 112 and q.parameters["trainable"] < trainable
+
+
+def test_fits_and_recommendation(tmp_path):
+    d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
+    base = dict(verifier=str(d), samples=1000, tokens_per_sample=2048)
+    roomy = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10))
+    assert all(m["fits"] for m in roomy.modes.values()) and roomy.recommendation.startswith("offline")
+    tiny_gpu = plan(PlanSettings(**base, gpu_memory_gb=1, disk_tb=10))
+    assert not any(m["fits"] for m in tiny_gpu.modes.values()) and "nothing fits" in tiny_gpu.recommendation
+    unknown = plan(PlanSettings(**base))
+    assert all(m["fits"] is None for m in unknown.modes.values())
+    # more GPUs: the same per-rank memory (replicas), plus the gradient all-reduce on the network
+    ddp = plan(PlanSettings(**base, gpus=8))
+    assert ddp.memory["ttt_activations"] == unknown.memory["ttt_activations"]
+    assert ddp.modes["offline"]["allreduce_bytes_per_step"] > 0 == unknown.modes["offline"]["allreduce_bytes_per_step"]
+
+
+@pytest.mark.parametrize("steps,checkpoint_mlp,checkpoint_loss", [(3, True, True), (5, False, False)])
+def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss):
+    """The planner's per-term activation bytes vs what autograd keeps for one fp32 micro-batch of `ttt_forward`."""
+    from eagle3_train.train.data import Batch
+    from eagle3_train.train.targets import verifier_targets
+    from eagle3_train.train.ttt import supervised_counts, ttt_forward
+
+    torch.manual_seed(0)
+    H, V, Vd, B, L = 96, 4096, 512, 4, 128
+    cfg = DraftConfig(hidden_size=H, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=256, vocab_size=V, draft_vocab_size=Vd)
+    model = Eagle3Draft(cfg)
+    model.set_vocab(torch.zeros(Vd, dtype=torch.long), torch.arange(V) < Vd)
+    ids, mask = torch.randint(0, Vd, (B, L)), torch.ones(B, L, dtype=torch.bool)
+    batch = Batch(ids, mask, torch.randn(B, L, 3 * H), torch.randn(B, L, H), torch.full((B,), L))
+    targets = verifier_targets(batch.final, mask, torch.randn(V, H) * 0.05, model.draft_token_ids(), model.t2d)
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        ttt_forward(model, batch, targets, steps, [1.0] * steps, supervised_counts(mask, steps),
+                    checkpoint_loss=checkpoint_loss, checkpoint_mlp=checkpoint_mlp)
+    inputs = {batch.aux.untyped_storage().data_ptr(), targets.probs.untyped_storage().data_ptr()}
+    measured = sum(n for ptr, n in storages.items() if ptr not in inputs and n > 4096)  # activations, not indices
+    modelled = ttt_saved_bytes(cfg, B * L, L, B * (L - 2), steps, False, checkpoint_mlp, checkpoint_loss, Vd)
+    assert modelled["total"] == pytest.approx(measured, rel=0.08)
+
+
+def test_errors_name_the_input(tmp_path):
+    with pytest.raises(Eagle3InputError, match="config not found"):
+        plan(PlanSettings(verifier=str(tmp_path / "nope"), samples=1, tokens_per_sample=1))
+    d = write_config(tmp_path, "bad", {"hidden_size": 64})
+    with pytest.raises(Eagle3InputError, match="lacks num_hidden_layers"):
+        plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=1))
+    d = write_config(tmp_path, "ok", LLAMA_31_8B)
+    with pytest.raises(Eagle3InputError, match="--dtype"):
+        plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=1, dtype="int4"))
+
+
+def test_cli(tmp_path, capsys):
+    d = write_config(tmp_path, "kimi", KIMI_K2)
+    rc = cli_main(["plan", "--verifier", str(d), "--samples", "25000", "--tokens-per-sample", "4000",
+                   "--draft-head-dim", "128", "--gpus", "8", "--gpu-memory", "141", "--disk", "4", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parameters"]["trainable"] == expected_trainable(7168, 64, 64, 128, 18432, 32000)
+    assert set(out["modes"]) == {"offline", "hybrid", "online"}
+    rc = cli_main(["plan", "--verifier", str(d), "--samples", "10", "--tokens-per-sample", "100"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "offline" in text and "trainable" in text and "peak" in text
+    assert cli_main(["plan", "--verifier", str(tmp_path / "missing"), "--samples", "1",
+                     "--tokens-per-sample", "1"]) == 2
