@@ -461,8 +461,8 @@ def load_verifier(verifier: str | Path, device: str = "cpu", dtype: torch.dtype 
     from eagle3_train.assets.verifier import resolve_verifier
 
     vdir = resolve_verifier(verifier)
-    tokenizer = AutoTokenizer.from_pretrained(vdir)
-    model = AutoModelForCausalLM.from_pretrained(vdir, dtype=dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(vdir, dtype=dtype, trust_remote_code=False).to(device).eval()
     return vdir, tokenizer, model
 
 
@@ -494,7 +494,7 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(vdir)
+            tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
     if isinstance(draft, Eagle3Draft):
         check_compatible(draft, verifier_model)
         draft_info: dict[str, Any] = {"path": None, "format": "module", "metadata": None, "notes": []}

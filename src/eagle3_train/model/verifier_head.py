@@ -152,7 +152,7 @@ def _text_config(verifier_dir: Path, raw: dict) -> tuple[dict, str]:
     try:
         from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(verifier_dir).get_text_config()
+        cfg = AutoConfig.from_pretrained(verifier_dir, trust_remote_code=False).get_text_config()
         return cfg.to_dict(), str(getattr(cfg, "model_type", ""))
     except Exception as e:  # noqa: BLE001 - unknown model types: fall back to the file itself
         log.debug("AutoConfig could not read %s (%s); using config.json as written", verifier_dir, e)
@@ -160,8 +160,9 @@ def _text_config(verifier_dir: Path, raw: dict) -> tuple[dict, str]:
         return text, str(text.get("model_type") or raw.get("model_type") or "")
 
 
-def logit_transform(verifier_dir: str | Path) -> LogitTransform:
-    """How this verifier's logits differ from `final @ lm_head.T`; Eagle3InputError for a transform we cannot copy."""
+def logit_transform(verifier_dir: str | Path, read_bias: bool = True) -> LogitTransform:
+    """How this verifier's logits differ from `final @ lm_head.T`; Eagle3InputError for a transform we cannot copy.
+    `read_bias=False` (dry run, no weight data): the lm_head bias is not looked for."""
     verifier_dir = Path(verifier_dir)
     raw = json.loads((verifier_dir / "config.json").read_text())
     c, model_type = _text_config(verifier_dir, raw)
@@ -189,7 +190,7 @@ def logit_transform(verifier_dir: str | Path) -> LogitTransform:
                                    f"does not reproduce for this model type, so the training targets would be "
                                    f"wrong; supported: softcapping for {sorted(_SOFTCAP)}, logit scales for "
                                    f"{sorted({**_MULTIPLY, **_DIVIDE, 'minicpm3': ''})}")
-    bias = _load(_tensor_locations(verifier_dir), _BIAS_KEYS)
+    bias = _load(_tensor_locations(verifier_dir), _BIAS_KEYS) if read_bias else None
     if bias is not None:
         t.bias = bias.float()
     return t

@@ -104,7 +104,7 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, hidden_manifest, sha256_file(hm_path),
                      vpath, sha256_file(vpath), d2t, t2d, str(verifier_name), verifier_dir,
                      {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids,
-                     logit_transform(verifier_dir))
+                     logit_transform(verifier_dir, read_bias=not head_shapes_only))
 
 
 def _without_hashes(identity: dict[str, Any]) -> dict[str, Any]:
