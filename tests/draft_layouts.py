@@ -8,8 +8,6 @@ must then load to the same network, bit for bit. Nothing here imports the code u
 from __future__ import annotations
 
 import json
-import math
-import struct
 from pathlib import Path
 
 import torch
@@ -216,31 +214,15 @@ def write_ours(ref: Eagle3Draft, run_dir: Path, metadata: dict | None = None) ->
 
 
 # --- a header-only safetensors file: the shapes of a huge draft without its gigabytes ------------------------------
-_ST_NAMES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64", torch.bool: "BOOL"}
 
 
 def write_sparse_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], real: dict[str, torch.Tensor]) -> None:
-    """A valid safetensors file whose bf16 tensors `shapes` are all zeros (a sparse file, nothing written) and whose
-    `real` tensors hold their data - lets a test present a 7168-wide draft in milliseconds."""
-    header, offset, chunks = {}, 0, []
-    for name, shape in shapes.items():
-        n = math.prod(shape) * 2
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    for name, t in real.items():
-        data = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        chunks.append((offset, data))
-        offset += len(data)
-    hb = json.dumps(header).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)) + hb)
-        for off, data in chunks:
-            f.seek(8 + len(hb) + off)
-            f.write(data)
-        f.truncate(8 + len(hb) + offset)
+    """bf16 tensors of `shapes` as a sparse file (header only: no data written), plus the `real` tensors."""
+    from eagle3_train.train.dry_run import write_header_only_safetensors
+
+    specs = {**{k: (tuple(v), torch.bfloat16) for k, v in shapes.items()},
+             **{k: (tuple(t.shape), t.dtype) for k, t in real.items()}}
+    write_header_only_safetensors(path, specs, real)
 
 
 def write_big_eagle_draft(d: Path, hidden: int, heads: int, inter: int, vocab: int, draft_vocab: int) -> Path:

@@ -37,11 +37,12 @@ from eagle3_train.serving.client import (
     RequestRejected,
     quiet_http_logs,
 )
+from eagle3_train.settings import CONCURRENCY
 from eagle3_train.utils.io import Eagle3InputError, read_json
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONCURRENCY = 8
+
 SERVE_HINT = "start one with `eagle3-train serve --extract-hidden-states --verifier NAME_OR_DIR [--layer-ids ...]`"
 
 
@@ -83,7 +84,7 @@ class VLLMHiddenStates:
     """Aux and final hidden states of token sequences, computed by vLLM hidden-state servers."""
 
     def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
-                 store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = DEFAULT_CONCURRENCY,
+                 store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = CONCURRENCY,
                  timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY") -> None:
         if not endpoints:
             raise Eagle3InputError(f"--backend vllm needs --endpoint URL (a hidden-state server; {SERVE_HINT})")
