@@ -23,6 +23,9 @@ class TrainConfig:
     # training-time test
     ttt_steps: int = 7
     step_decay: float = 0.8  # step j weighs step_decay**j
+    # objective per step (train/losses.py): ce | tv | nla | kl+tv | kl+nla (LK losses, arXiv 2602.23881)
+    loss: str = "ce"
+    loss_mix: float = 0.5  # weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone
     # optimisation
     epochs: float = 1.0
     max_steps: int | None = None

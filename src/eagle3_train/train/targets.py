@@ -18,6 +18,9 @@ class Targets:
     probs: torch.Tensor  # [N, Vd] verifier distribution over the draft vocab (softmax of its restricted logits)
     argmax: torch.Tensor  # [N] draft-vocab index of the restricted argmax
     in_vocab: torch.Tensor  # [N] bool: the full-vocab argmax is inside the draft vocab
+    # [N] float32: the verifier's probability mass on the draft vocab; probs * in_mass is its unrenormalised
+    # distribution there, which the acceptance metrics (alpha) compare with the draft's
+    in_mass: torch.Tensor
 
 
 @torch.no_grad()
@@ -32,7 +35,7 @@ def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torc
     row_of[pos[:, 0], pos[:, 1]] = torch.arange(pos.shape[0], device=final.device)
     h = final[pos[:, 0], pos[:, 1]]
     head_d = lm_head[draft_ids]
-    probs, argmax, in_vocab = [], [], []
+    probs, argmax, in_vocab, in_mass = [], [], [], []
     for s in range(0, h.shape[0], chunk):
         hc = h[s:s + chunk]
         full = hc @ lm_head.T
@@ -40,9 +43,10 @@ def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torc
         restricted = hc @ head_d.T
         argmax.append(restricted.argmax(-1))
         probs.append(torch.softmax(restricted.float(), dim=-1).to(final.dtype))
+        in_mass.append((torch.logsumexp(restricted.float(), -1) - torch.logsumexp(full.float(), -1)).exp())
     Vd = draft_ids.shape[0]
 
     def cat(xs: list[torch.Tensor], shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
         return torch.cat(xs) if xs else torch.zeros(shape, dtype=dt, device=final.device)
     return Targets(row_of, cat(probs, (0, Vd), final.dtype), cat(argmax, (0,), torch.long),
-                   cat(in_vocab, (0,), torch.bool))
+                   cat(in_vocab, (0,), torch.bool), cat(in_mass, (0,), torch.float32))
