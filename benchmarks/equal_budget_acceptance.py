@@ -84,7 +84,7 @@ def main() -> None:
                   f"{m.get('accept_len_alpha_k3', 0):.3f} ({results[name]['steps']} steps, "
                   f"{results[name]['train_s']} s)", flush=True)
         if not args.no_vllm:
-            results[name]["vllm"] = v = serve_variant(name, args)
+            results.setdefault(name, {"variant": name})["vllm"] = v = serve_variant(name, args)
             write_json(RESULTS, results)
             print(f"{name}: vLLM acceptance {v['mean_acceptance_length']} per position "
                   f"{v.get('per_position_acceptance')}", flush=True)
