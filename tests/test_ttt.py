@@ -15,7 +15,7 @@ from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
 from eagle3_train.train.targets import verifier_targets
-from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
+from eagle3_train.train.ttt import NUM_SUMS, StepSums, supervised_counts, ttt_forward
 
 V, VD, H, STEPS = 7, 3, 32, 3  # a tiny verifier vocabulary, so that draft and verifier argmaxes often agree
 
@@ -116,7 +116,8 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
         loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
     assert torch.equal(denominators, expected[1])
-    torch.testing.assert_close(sums[1:], expected[1:], rtol=0, atol=0)
+    n = expected.shape[0]  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
+    torch.testing.assert_close(sums[1:n], expected[1:], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)
 
 
@@ -160,10 +161,10 @@ def test_acceptance_estimate_is_the_mean_accepted_prefix_plus_one():
     halves = StepSums(STEPS), StepSums(STEPS)
     for part, idx in zip(halves, (slice(0, n // 2), slice(n // 2, n))):
         a = accepted_prefix[idx]
-        values = torch.zeros(5, STEPS, dtype=torch.float64)
+        values = torch.zeros(NUM_SUMS, STEPS, dtype=torch.float64)  # the alpha rows stay 0 here
         for j in range(STEPS):
             full = (a > j).sum()
-            values[:, j] = torch.tensor([2.0 * (j + 1) * len(a), len(a), len(a), full + correct_extra[j], full])
+            values[:5, j] = torch.tensor([2.0 * (j + 1) * len(a), len(a), len(a), full + correct_extra[j], full])
         part.add(values)
     total = StepSums(STEPS)
     total.add(halves[0].values)

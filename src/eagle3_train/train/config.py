@@ -7,6 +7,8 @@ from typing import Any, ClassVar, Literal
 
 from eagle3_train.utils.settings import setting
 
+Loss = Literal["ce", "tv", "nla", "kl+tv", "kl+nla"]  # train/losses.py
+
 # What may differ between an interrupted run and its resume: where things live (data identity is checked by hash),
 # how often it logs/saves, and the device. Anything else (lr, epochs, steps, architecture, seed, ...) shapes the
 # result: continuing under other values would silently mix two runs.
@@ -28,6 +30,9 @@ class TrainConfig:
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions")
     step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j")
+    loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
+                               "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here")
+    loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone")
     # optimisation
     epochs: float = setting(1.0, "passes over the training split (fractions allowed)")
     max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)")

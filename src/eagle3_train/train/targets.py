@@ -22,6 +22,9 @@ class Targets:
     probs: torch.Tensor  # [N, Vd] verifier distribution over the draft vocab (softmax of its restricted logits)
     argmax: torch.Tensor  # [N] draft-vocab index of the restricted argmax
     in_vocab: torch.Tensor  # [N] bool: the full-vocab argmax is inside the draft vocab
+    # [N] float32: the verifier's probability mass on the draft vocab; probs * in_mass is its unrenormalised
+    # distribution there, which the acceptance metrics (alpha) compare with the draft's
+    in_mass: torch.Tensor
 
 
 @torch.no_grad()
@@ -50,7 +53,7 @@ def _targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor
     h = final[pos[:, 0], pos[:, 1]].float()
     lm_head = lm_head.float()
     head_d = lm_head[draft_ids]
-    probs, argmax, in_vocab = [], [], []
+    probs, argmax, in_vocab, in_mass = [], [], [], []
     for s in range(0, h.shape[0], chunk):
         hc = h[s:s + chunk]
         full = transform.apply(hc @ lm_head.T)
@@ -58,9 +61,10 @@ def _targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor
         restricted = transform.apply(hc @ head_d.T, rows=draft_ids)
         argmax.append(restricted.argmax(-1))
         probs.append(torch.softmax(restricted, dim=-1).to(final.dtype))
+        in_mass.append((torch.logsumexp(restricted, -1) - torch.logsumexp(full, -1)).exp())
     Vd = draft_ids.shape[0]
 
     def cat(xs: list[torch.Tensor], shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
         return torch.cat(xs) if xs else torch.zeros(shape, dtype=dt, device=final.device)
     return Targets(row_of, cat(probs, (0, Vd), final.dtype), cat(argmax, (0,), torch.long),
-                   cat(in_vocab, (0,), torch.bool))
+                   cat(in_vocab, (0,), torch.bool), cat(in_mass, (0,), torch.float32))

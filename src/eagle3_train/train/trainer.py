@@ -34,6 +34,7 @@ from eagle3_train.train.distributed import (
     init_distributed,
 )
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
+from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
@@ -120,6 +121,7 @@ class Trainer:
         self.precision = auto if cfg.precision == "auto" else cfg.precision
         if self.precision not in ("fp32", "bf16"):
             raise Eagle3InputError(f"train.precision must be auto, fp32 or bf16, got '{cfg.precision}'")
+        check_loss(cfg.loss, cfg.loss_mix)
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
         self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
@@ -258,7 +260,7 @@ class Trainer:
                                        self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
-                               checkpoint_mlp=cfg.checkpoint_mlp)
+                               checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix)
 
     def train_step(self, micro: list[list[int]]) -> tuple[StepSums, int]:
         """One optimizer step over this rank's share of `micro` (all ranks see the same list)."""
@@ -428,8 +430,11 @@ class Trainer:
             self.last_val = val
             self.log_metrics("validation", val)
             self.maybe_best(val)
-            log.info("step %d validation: loss %.4f, acc_0 %.3f, est. acceptance length (%s) %.3f", self.step,
-                     val["loss"], val["acc_0"], self._best_key().removeprefix("accept_len_"), val[self._best_key()])
+            k = self.cfg.ttt_steps
+            log.info("step %d validation: loss %.4f, acc_0 %.3f, alpha_0 %.3f, est. acceptance length (%s) %.3f "
+                     "at temperature 0 (argmax), %.3f at temperature 1 (alpha, k=%d)", self.step, val["loss"],
+                     val["acc_0"], val["alpha_0"], self._best_key().removeprefix("accept_len_"),
+                     val[self._best_key()], val[f"accept_len_alpha_k{k}"], k)
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:

@@ -1,8 +1,13 @@
-"""Training-time test: unroll the draft K steps on a batch and return the weighted soft cross-entropy and metrics.
+"""Training-time test: unroll the draft K steps on a batch and return the weighted loss (`train.loss`) and metrics.
 
 Step j at position t reads token x_{t+1+j} and (j=0) the fused verifier features of position t or (j>0) the draft's
 own hidden state from step j-1; its RoPE position is t+j; its target is the verifier distribution at position t+1+j
 (over x_{t+2+j}), supervised when x_{t+2+j} is an assistant token. Ground-truth tokens are fed to later steps.
+
+Metrics per step j (docs/METRICS.md): full_acc_j (argmax match, chained: temperature 0) and accept_len_kN from it;
+alpha_j = mean Σ min(p, q) against the verifier's unrenormalised distribution (temperature 1, draft sampled) and
+accept_len_alpha_kN = 1 + Σ_j Π_{i<=j} alpha_i; p_draft_j = mean p(argmax q) (temperature 1, greedy draft, as vLLM
+drafts by default) and accept_len_pdraft_kN from it likewise.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
+from eagle3_train.train.losses import acceptance, row_loss
 from eagle3_train.train.targets import Targets
 
 
@@ -23,22 +29,28 @@ def supervised_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack([loss_mask[:, 2 + j:].sum() for j in range(steps)]).double()
 
 
+NUM_SUMS = 7
+
+
 @dataclass
 class StepSums:
     """Additive metric sums over a set of batches; reduced across ranks with one all_reduce."""
     steps: int
-    values: torch.Tensor = field(init=False)  # rows: loss_sum, supervised, valid, correct, full_correct
+    # rows: loss_sum, supervised, valid, correct, full_correct, alpha_sum, p_draft_sum
+    values: torch.Tensor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.values = torch.zeros(5, self.steps, dtype=torch.float64)
+        self.values = torch.zeros(NUM_SUMS, self.steps, dtype=torch.float64)
 
     def add(self, other: torch.Tensor) -> None:
         self.values += other.detach().to("cpu", torch.float64)
 
     def summary(self, prefix: str = "") -> dict[str, float]:
-        loss, sup, valid, correct, full = self.values
+        loss, sup, valid, correct, full, alpha, p_draft = self.values
         out: dict[str, float] = {}
         est = 1.0
+        est_alpha, chain_alpha = 1.0, 1.0
+        est_pdraft, chain_pdraft = 1.0, 1.0
         for j in range(self.steps):
             s = max(sup[j].item(), 1.0)
             out[f"{prefix}loss_{j}"] = loss[j].item() / s
@@ -47,29 +59,47 @@ class StepSums:
             out[f"{prefix}coverage_{j}"] = valid[j].item() / s
             est += full[j].item() / s
             out[f"{prefix}accept_len_k{j + 1}"] = est  # 1 + sum_{i<=j} full_acc_i (the +1 is the bonus token)
+            # Temperature 1: step j is reached only if steps 0..j-1 accepted, taken as independent (no per-row chain)
+            out[f"{prefix}alpha_{j}"] = alpha[j].item() / s
+            chain_alpha *= out[f"{prefix}alpha_{j}"]
+            est_alpha += chain_alpha
+            out[f"{prefix}accept_len_alpha_k{j + 1}"] = est_alpha
+            out[f"{prefix}p_draft_{j}"] = p_draft[j].item() / s
+            chain_pdraft *= out[f"{prefix}p_draft_{j}"]
+            est_pdraft += chain_pdraft
+            out[f"{prefix}accept_len_pdraft_k{j + 1}"] = est_pdraft
         out[f"{prefix}loss"] = sum(out[f"{prefix}loss_{j}"] for j in range(self.steps)) / self.steps
         return out
 
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
-               valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed soft cross-entropy over valid rows, and the draft's argmax (draft-vocab index) of every row.
+               valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce",
+               loss_mix: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed loss over valid rows, the draft's argmax (draft-vocab index) of every row, and the summed alpha and
+    p_draft metrics over every row.
 
     The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
     """
-    logits = model.logits(hidden).float()
-    ce = -(all_probs[rows].float() * torch.log_softmax(logits, dim=-1)).sum(-1)
-    return (ce * valid).sum(), logits.argmax(-1)
+    log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
+    p = all_probs[rows].float()
+    per_row = row_loss(log_q, p, loss, loss_mix)
+    draft_argmax = log_q.argmax(-1)
+    with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
+        p_full = p * in_mass[rows].unsqueeze(-1)
+        alpha_sum = acceptance(p_full, log_q).sum()
+        p_draft_sum = p_full.gather(-1, draft_argmax.unsqueeze(-1)).sum()
+    return (per_row * valid).sum(), draft_argmax, alpha_sum, p_draft_sum
 
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
                 denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True,
-                checkpoint_mlp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (loss to backpropagate, metric sums [5, steps]).
+                checkpoint_mlp: bool = True, loss_name: str = "ce",
+                loss_mix: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
 
-    loss = sum_j w_j * sum_{valid t} CE_j(t) / denominators[j], so that summing over micro-batches and ranks gives the
-    same gradient as one big batch.
+    loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
+    the same gradient as one big batch (loss_j: `loss_name`, see train/losses.py).
     """
     B, L = batch.input_ids.shape
     aux = batch.aux
@@ -79,7 +109,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
     chain_ok = torch.ones(B, L, dtype=torch.bool, device=h.device)
-    sums = torch.zeros(5, steps, dtype=torch.float64, device=h.device)
+    sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
     for j in range(steps):
         n = L - 2 - j  # positions t with a target token t+2+j inside the sequence
@@ -94,10 +124,12 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         if checkpoint_loss and torch.is_grad_enabled():
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
-            loss_sum, draft_argmax = torch.utils.checkpoint.checkpoint(
-                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, use_reentrant=False)
+            loss_sum, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
+                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name,
+                loss_mix, use_reentrant=False)
         else:
-            loss_sum, draft_argmax = _head_loss(model, out[b_idx, t_idx], targets.probs, rows, valid)
+            loss_sum, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
+                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
             correct = (draft_argmax == targets.argmax[rows]) & valid
@@ -106,7 +138,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
             chain_ok[b_idx, t_idx] = ok
             sums[:, j] = torch.stack([loss_sum.detach().double(), torch.tensor(float(len(rows)), device=h.device,
                                       dtype=torch.float64), valid.sum().double(), correct.sum().double(),
-                                      ok.sum().double()])
+                                      ok.sum().double(), alpha_sum.double(), p_draft_sum.double()])
         if j + 1 < steps:
             h = model.next_hidden(out)
     return loss, sums

@@ -1,0 +1,50 @@
+"""Per-row training objectives of a TTT step: soft cross-entropy and the acceptance-aware LK family.
+
+p is the verifier's distribution and q the draft's, both over the draft vocabulary (p restricted and renormalised, as
+the training targets are). α = Σ_v min(p_v, q_v) is the probability that speculative sampling accepts a token drawn
+from q (draw x ~ q, accept with min(1, p(x)/q(x))), i.e. the expected acceptance of one step at temperature 1.
+
+  ce       −Σ p log q (the KL(p‖q) gradient; today's objective)
+  tv       1 − α (the total-variation distance)
+  nla      −log α
+  kl+tv    mix·ce + (1 − mix)·tv
+  kl+nla   mix·ce + (1 − mix)·nla
+("LK losses", arXiv 2602.23881.) The hybrids use CE for the KL term: same gradient, and weight 1 gives exactly `ce`.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import torch
+
+from eagle3_train.train.config import Loss
+from eagle3_train.utils.io import Eagle3InputError
+
+LOSSES = get_args(Loss)
+_NLA_FLOOR = 1e-6  # α of a hopeless row: keeps −log α (and its 1/α gradient) bounded
+
+
+def check_loss(name: str, mix: float) -> None:
+    if name not in LOSSES:
+        raise Eagle3InputError(f"train.loss must be one of {', '.join(LOSSES)}, got '{name}'")
+    if not 0.0 <= mix <= 1.0:
+        raise Eagle3InputError(f"train.loss_mix (weight of the KL/CE term in kl+tv / kl+nla) must be in [0, 1], "
+                               f"got {mix}")
+
+
+def acceptance(p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """α per row: Σ min(p, q) over the last dim."""
+    return torch.minimum(p, log_q.exp()).sum(-1)
+
+
+def row_loss(log_q: torch.Tensor, p: torch.Tensor, name: str = "ce", mix: float = 0.5) -> torch.Tensor:
+    """Loss per row for the draft's log-probabilities log_q [N, Vd] and the target distribution p [N, Vd]."""
+    p = p.to(log_q.dtype)
+    if name == "ce":
+        return -(p * log_q).sum(-1)
+    alpha = acceptance(p, log_q)
+    lk = 1.0 - alpha if name in ("tv", "kl+tv") else -torch.log(alpha.clamp(min=_NLA_FLOOR))
+    if name in ("tv", "nla") or mix == 0.0:  # mix 0: skip the CE term's work, exactly the LK loss
+        return lk
+    return mix * -(p * log_q).sum(-1) + (1.0 - mix) * lk
