@@ -6,10 +6,12 @@ and chat-template hash, verifier, settings, counts). The directory is written un
 when complete.
 
 Python API: `prepare(source, verifier, out_dir, max_length=2048, overflow="truncate", val_fraction=0.05, seed=0,
-limit=None, chat_template=None, val_count=None, leading_assistant="trim") -> dict` (the manifest);
+limit=None, chat_template=None, val_count=None, leading_assistant="trim", skip_bad_records=False) -> dict`
+(the manifest);
 `preview(prepared_dir, n=3, split="train", color=None) -> str`.
 CLI: `eagle3-train prepare --data sharegpt --verifier smollm2-135m-instruct --out DIR [--max-length 2048]
-[--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]`.
+[--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]
+[--skip-bad-records]`.
 """
 
 from __future__ import annotations
@@ -91,15 +93,20 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
 def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = 2048,
             overflow: str = "truncate", val_fraction: float = 0.05, seed: int = 0, limit: int | None = None,
             chat_template: str | None = None, val_count: int | None = None,
-            leading_assistant: str = "trim") -> dict[str, Any]:
-    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`."""
+            leading_assistant: str = "trim", skip_bad_records: bool = False) -> dict[str, Any]:
+    """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
+
+    `skip_bad_records`: skip (and count in the manifest) source records that are not valid JSON/UTF-8 or not
+    conversations, instead of stopping at the first.
+    """
     from transformers import AutoTokenizer
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
-    conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
+    # bad paths fail before the tokenizer loads
+    conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
     verifier_dir = resolve_verifier(verifier)
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
     try:
@@ -175,6 +182,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "kept": {k: len(v) for k, v in by_split.items()},
         "skipped": dict(sorted(skipped.items())),
         "skipped_total": sum(skipped.values()),
+        "bad_records": dict(sorted(info.bad_records.items())),  # skipped source records (skip_bad_records)
         "truncated": truncated,
         "trimmed_leading_assistant": trimmed_leading,
         "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
@@ -197,7 +205,8 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
             "chat_template_source": template_source,
         },
         "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
-                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant},
+                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
+                     "skip_bad_records": skip_bad_records},
         "counts": counts,
         "skip_examples": examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
@@ -300,6 +309,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", help="a .jinja file to use instead of the tokenizer's chat template")
     p.add_argument("--leading-assistant", choices=("trim", "skip"), default="trim",
                    help="conversations starting with an assistant turn: drop those turns, or skip the conversation")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="skip source records that are not valid JSON/UTF-8 or not conversations (counted in the "
+                        "manifest) instead of stopping at the first")
     p.add_argument("--preview", type=int, default=0, metavar="N",
                    help="print N samples with the supervised tokens highlighted")
 
@@ -308,13 +320,16 @@ def main(args: argparse.Namespace) -> int:
     manifest = prepare(args.data, args.verifier, args.out, max_length=args.max_length, overflow=args.overflow,
                        val_fraction=args.val_fraction, seed=args.seed, limit=args.limit,
                        chat_template=args.chat_template, val_count=args.val_count,
-                       leading_assistant=args.leading_assistant)
+                       leading_assistant=args.leading_assistant, skip_bad_records=args.skip_bad_records)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"
           + (f" (skipped a cut-off tail at byte {src['broken_tail']['byte_offset']})" if src["broken_tail"] else ""))
     print(f"kept: train {c['kept']['train']}, validation {c['kept']['validation']}; "
           f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}")
+    if c["bad_records"]:
+        print(f"bad source records skipped: {json.dumps(c['bad_records'])}; first: "
+              + ", ".join(f"line {e['line']} ({e['reason']})" for e in src["bad_record_examples"]))
     print(f"tokens: {json.dumps(c['tokens'])}; supervised: {json.dumps(c['supervised_tokens'])}")
     print(f"took {manifest['elapsed_s']:.1f}s -> {args.out}")
     if args.preview:

@@ -227,10 +227,10 @@ def _check_resume(manifest_path: Path, model: str, sampling: Sampling, source_sh
                                f"use another --out, the same settings to resume, or --overwrite to start over")
 
 
-def _count_source(source: str | Path, limit: int | None) -> tuple[int, str]:
+def _count_source(source: str | Path, limit: int | None, skip_bad_records: bool) -> tuple[int, str]:
     from eagle3_train.assets.conversations import load_conversations
 
-    it, info = load_conversations(source, limit)
+    it, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
     n = sum(1 for _ in it)
     return n, info.sha256
 
@@ -239,8 +239,12 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
                limit: int | None = None, concurrency: int = 8, max_tokens: int = 512, temperature: float = 0.0,
                top_p: float = 1.0, seed: int | None = None, reasoning: str = "keep", timeout_s: float = 600.0,
                max_retries: int = 6, api_key: str = "EMPTY", overwrite: bool = False,
-               extra_manifest: dict | None = None) -> dict:
-    """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest."""
+               extra_manifest: dict | None = None, skip_bad_records: bool = False) -> dict:
+    """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest.
+
+    `skip_bad_records`: skip (and count in the manifest) source records that are not valid JSON/UTF-8 or not
+    conversations, instead of stopping at the first.
+    """
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     if concurrency < 1:
@@ -249,7 +253,7 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
     return asyncio.run(_regenerate(source, Path(out_dir), endpoints, model, limit, concurrency, sampling, timeout_s,
-                                   max_retries, api_key, overwrite, extra_manifest or {}))
+                                   max_retries, api_key, overwrite, extra_manifest or {}, skip_bad_records))
 
 
 async def _resolve_model(pool: ChatPool) -> str:
@@ -265,7 +269,7 @@ async def _resolve_model(pool: ChatPool) -> str:
 
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
                       limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
-                      api_key: str, overwrite: bool, extra_manifest: dict) -> dict:
+                      api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
     claim_output_dir(out_dir, "generate output directory", stage_manifest("generate"))
@@ -280,7 +284,7 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
         except (FatalRequestError, EndpointUnavailable) as e:
             raise Eagle3InputError(str(e)) from None
 
-        total, source_sha = _count_source(source, limit)
+        total, source_sha = _count_source(source, limit, skip_bad_records)
         if overwrite:
             for p in (out_path, skip_path, manifest_path):
                 p.unlink(missing_ok=True)
@@ -292,7 +296,7 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
         previous = len(done_ids | skip_ids)
         del done_records, skipped_records
 
-        conversations, info = load_conversations(source, limit)
+        conversations, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
         stats = _Stats()
         started, t0 = now_iso(), time.monotonic()
 
@@ -305,7 +309,8 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
                 "max_retries": max_retries, "limit": limit,
                 "source": {**info.to_dict(), "sha256": source_sha},
                 "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
-                           "skipped": skipped, "remaining": max(0, total - done["done"] - sum(skipped.values()))},
+                           "skipped": skipped, "bad_records": dict(sorted(info.bad_records.items())),
+                           "remaining": max(0, total - done["done"] - sum(skipped.values()))},
                 "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
                 "this_run": {"started": started, "wall_s": round(wall, 2), "requests": stats.requests,
                              "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
@@ -408,6 +413,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-retries", type=int, default=6, help="retries on connection errors, 429 and 5xx")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
     p.add_argument("--overwrite", action="store_true", help="discard an existing output in --out and start over")
+    p.add_argument("--skip-bad-records", action="store_true",
+                   help="skip source records that are not valid JSON/UTF-8 or not conversations (counted in the "
+                        "manifest) instead of stopping at the first")
     g = p.add_argument_group("embedded vLLM server")
     g.add_argument("--serve-verifier", metavar="NAME_OR_DIR",
                    help="start a vLLM server for this verifier (e.g. smollm2-135m-instruct) and use it")
@@ -421,7 +429,7 @@ def main(args: argparse.Namespace) -> int:
     kwargs = dict(limit=args.limit, concurrency=args.concurrency, max_tokens=args.max_tokens,
                   temperature=args.temperature, top_p=args.top_p, seed=args.seed, reasoning=args.reasoning,
                   timeout_s=args.timeout, max_retries=args.max_retries, api_key=args.api_key,
-                  overwrite=args.overwrite)
+                  overwrite=args.overwrite, skip_bad_records=args.skip_bad_records)
     if not args.serve_verifier:
         regenerate(args.data, args.out, endpoints, args.model, **kwargs)
         return 0
