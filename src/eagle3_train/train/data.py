@@ -54,6 +54,10 @@ class TrainingSamples:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def _shard(self, sample_index: int) -> str:
+        pos = self.reader._locate(sample_index)[0]
+        return str(self.reader.dir / self.reader.split / self.reader.index["shards"][pos]["file"])
+
     def batch(self, positions: list[int]) -> Batch:
         L = max(self.lengths[p] for p in positions)
         B = len(positions)
@@ -66,6 +70,10 @@ class TrainingSamples:
             if hs["aux"].shape[0] != n:
                 raise Eagle3InputError(f"sample {self.indices[p]}: {hs['aux'].shape[0]} hidden-state rows but "
                                        f"{n} tokens in the prepared data")
+            if not (torch.isfinite(hs["aux"]).all() and torch.isfinite(hs["final"]).all()):
+                raise Eagle3InputError(f"hidden states of sample {self.indices[p]} ({self._shard(self.indices[p])}) "
+                                       f"hold NaN/Inf: the draft would train to NaN. Re-extract them with "
+                                       f"`eagle3-train extract --overwrite` (and check the verifier's dtype)")
             if aux is None:
                 aux = torch.zeros(B, L, hs["aux"].shape[-1], dtype=hs["aux"].dtype)
                 final = torch.zeros(B, L, hs["final"].shape[-1], dtype=hs["final"].dtype)
