@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from stage_helpers import train_config
@@ -22,7 +21,7 @@ from eagle3_train.cli import main as cli_main
 from eagle3_train.data.prepare import prepare
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.train.trainer import train
-from eagle3_train.utils.io import Eagle3InputError, save_safetensors
+from eagle3_train.utils.io import Eagle3InputError
 
 
 def _poison_shard(path: Path) -> None:
