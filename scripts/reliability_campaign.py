@@ -504,6 +504,41 @@ class FaultyProxy(FakeServer):
         self._start(app)
 
 
+class InChild:
+    """Run a FakeServer/FaultyProxy in a forked child process (its own interpreter lock), so that the server, the
+    proxy and the load they serve do not share one; `.stats()` returns its counters."""
+
+    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self.conn, child = ctx.Pipe()
+
+        def serve() -> None:
+            obj = cls(*args, **kwargs)
+            child.send((obj.url, obj.root))
+            while True:
+                msg = child.recv()
+                child.send({k: v for k, v in vars(obj).items() if isinstance(v, int)})
+                if msg == "stop":
+                    obj.close()
+                    return
+
+        self.proc = ctx.Process(target=serve, daemon=True)
+        self.proc.start()
+        self.url, self.root = self.conn.recv()
+
+    def stats(self) -> dict[str, int]:
+        self.conn.send("stats")
+        return self.conn.recv()
+
+    def close(self) -> dict[str, int]:
+        self.conn.send("stop")
+        out = self.conn.recv()
+        self.proc.join(30)
+        return out
+
+
 async def _direct_load(url: str, n: int, concurrency: int) -> float:
     """Requests per second the server itself sustains with `concurrency` raw requests in flight."""
     import aiohttp
@@ -535,11 +570,11 @@ def load_test(c: Campaign) -> None:
     src.write_text("".join(json.dumps({"id": f"c{i:05d}", "messages": [
         {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "old"}]}) + "\n"
         for i in range(n)))
-    server = FakeServer(slots=16, service_s=0.5)
-    proxy = FaultyProxy(server.root, c.seed, latency_s=0.1)
+    server = InChild(FakeServer, slots=16, service_s=0.5)
+    proxy = InChild(FaultyProxy, server.root, c.seed, latency_s=0.1)
     try:
         direct = asyncio.run(_direct_load(server.url, n, 64))
-        served0 = server.served
+        served0 = server.stats()["served"]
         cmd = c.cli("generate", "--data", src, "--endpoint", proxy.url, "--model", "fake", "--out", root / "gen",
                     "--concurrency", "64", "--max-tokens", "8", "--max-retries", "8")
         t0 = time.monotonic()
@@ -551,19 +586,30 @@ def load_test(c: Campaign) -> None:
             if (root / "gen" / "conversations.jsonl").is_file() else []
         this = m.get("this_run", {})
         client = this.get("requests_per_s") or 0.0
-        drops = proxy.dropped_before + proxy.dropped_after
+        ps = proxy.stats()
+        before, after = ps["dropped_before"], ps["dropped_after"]
+        # The same run through a proxy without faults: what the client reaches on this machine without any drop.
+        clean = InChild(FaultyProxy, server.root, c.seed, latency_s=0.0, drop_before=0.0, drop_after=0.0)
+        try:
+            r0 = c.run(c.cli("generate", "--data", src, "--endpoint", clean.url, "--model", "fake", "--out",
+                             root / "gen-no-faults", "--concurrency", "64", "--max-tokens", "8"))
+            m0 = json.loads((root / "gen-no-faults" / "manifest.json").read_text()) if r0.returncode == 0 else {}
+            baseline = (m0.get("this_run") or {}).get("requests_per_s") or 0.0
+        finally:
+            clean.close()
+        drops = before + after
         once = len(ids) == len(set(ids)) == n and set(ids) == {f"c{i:05d}" for i in range(n)}
         ok = r.returncode == 0 and once and this.get("retries", -1) >= drops and client >= 0.95 * direct
         c.add(Row("generate (load)", f"{n} conversations, 64 in flight, proxy: 0-0.2 s latency, drops 5% of "
                   "connections before and 2% after the server answered", "every conversation exactly once; "
                   "retries counted; client throughput >= 95% of the server's own",
                   f"exit {r.returncode}; {len(ids)} rows, {len(set(ids))} distinct; {drops} drops "
-                  f"({proxy.dropped_before} before, {proxy.dropped_after} after), {this.get('retries')} retries "
+                  f"({before} before, {after} after), {this.get('retries')} retries "
                   f"counted; client {client:.1f} req/s vs server's own {direct:.1f} req/s "
-                  f"({client / direct:.1%})", ok, n - len(set(ids)), command_text(cmd), wall,
+                  f"({client / direct:.1%}; without faults the client reaches {baseline / direct:.1%})", ok, n - len(set(ids)), command_text(cmd), wall,
                   {"server_direct_req_s": round(direct, 2), "client_req_s": client, "ratio": round(client / direct, 4),
-                   "drops_before": proxy.dropped_before, "drops_after": proxy.dropped_after,
-                   "retries": this.get("retries"), "server_requests": server.served - served0}))
+                   "client_no_faults_req_s": baseline, "drops_before": before, "drops_after": after, "retries": this.get("retries"),
+                   "server_requests": server.stats()["served"] - served0}))
     finally:
         proxy.close()
         server.close()
