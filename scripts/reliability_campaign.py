@@ -606,10 +606,11 @@ def load_test(c: Campaign) -> None:
                   f"exit {r.returncode}; {len(ids)} rows, {len(set(ids))} distinct; {drops} drops "
                   f"({before} before, {after} after), {this.get('retries')} retries "
                   f"counted; client {client:.1f} req/s vs server's own {direct:.1f} req/s "
-                  f"({client / direct:.1%}; without faults the client reaches {baseline / direct:.1%})", ok, n - len(set(ids)), command_text(cmd), wall,
+                  f"({client / direct:.1%}; without faults the client reaches {baseline / direct:.1%})", ok,
+                  n - len(set(ids)), command_text(cmd), wall,
                   {"server_direct_req_s": round(direct, 2), "client_req_s": client, "ratio": round(client / direct, 4),
-                   "client_no_faults_req_s": baseline, "drops_before": before, "drops_after": after, "retries": this.get("retries"),
-                   "server_requests": server.stats()["served"] - served0}))
+                   "client_no_faults_req_s": baseline, "drops_before": before, "drops_after": after,
+                   "retries": this.get("retries"), "server_requests": server.stats()["served"] - served0}))
     finally:
         proxy.close()
         server.close()
