@@ -79,9 +79,23 @@ class Campaign:
                     "EAGLE3_TRAIN_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
         self.kills = 2 if short else 10
+        self.started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        self.t0 = time.monotonic()
+        self.stages: list[str] = []
+
+    def save(self) -> str:
+        """Write OUT/results.json and OUT/results.md (after every row: a campaign stopped early keeps its rows)."""
+        seconds = time.monotonic() - self.t0
+        table = markdown(self, self.started, seconds, self.stages)
+        (self.out / "results.json").write_text(json.dumps({
+            "started": self.started, "seconds": round(seconds, 1), "short": self.short, "seed": self.seed,
+            "stages": self.stages, "rows": [asdict(r) for r in self.rows]}, indent=1))
+        (self.out / "results.md").write_text(table)
+        return table
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
+        self.save()
         mark = "ok  " if row.ok else "FAIL"
         print(f"[{mark}] {row.stage}: {row.fault} -> {row.handled[:160]} (lost {row.lost}, {row.seconds:.0f} s)",
               flush=True)
@@ -365,9 +379,9 @@ def run_config(c: Campaign, a: Assets, run_dir: Path) -> Path:
     cfg = c.out / "assets" / "tiny-run.yaml"
     cfg.write_text(json.dumps({  # JSON is YAML
         "run_dir": str(run_dir), "verifier": str(a.verifier),
-        "prepare": {"data": str(a.source), "max_length": 160, "val_count": 3, "limit": None},
+        "prepare": {"data": str(a.source), "max_length": 160, "val_count": 2, "limit": 12},
         "vocab": {"size": 1024}, "extract": {"dtype": "float32", "token_budget": 256, "shard_tokens": 160},
-        "train": {"ttt_steps": 2, "epochs": 2, "token_budget": 192, "lr": 3e-3, "save_every": 3, "log_every": 1,
+        "train": {"ttt_steps": 2, "epochs": 1, "token_budget": 192, "lr": 3e-3, "save_every": 3, "log_every": 1,
                   "seed": 0, "tensorboard": False},
         "export": {"formats": ["eagle"], "dtype": "float32"}, "evaluate": {"vllm": False, "offline": False}}))
     return cfg
@@ -1053,16 +1067,13 @@ def main(argv: list[str] | None = None) -> int:
     c = Campaign(out, args.seed, args.short)
     if args.kills:
         c.kills = args.kills
-    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    t0 = time.monotonic()
+    c.stages = stages
     if args.report:
         merged = [json.loads(Path(f).read_text()) for f in args.report]
         c.rows = [Row(**r) for m in merged for r in m["rows"]]
         c.short = any(m["short"] for m in merged)
-        stages = [s for m in merged for s in m["stages"]]
-        seconds = sum(m["seconds"] for m in merged)
-        started = ", ".join(m["started"] for m in merged)
-        table = markdown(c, started, seconds, stages)
+        c.stages = [s for m in merged for s in m["stages"]]
+        table = markdown(c, ", ".join(m["started"] for m in merged), sum(m["seconds"] for m in merged), c.stages)
         (out / "results.md").write_text(table)
         if args.docs:
             write_docs(Path(args.docs), table, c)
@@ -1082,12 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
             c.add(Row(s, "campaign stage crashed", "the stage runs", f"{type(e).__name__}: {e}"[:400], False, None,
                       f"python scripts/reliability_campaign.py --stages {s}",
                       details={"traceback": traceback.format_exc()[-3000:]}))
-    seconds = time.monotonic() - t0
-    table = markdown(c, started, seconds, stages)
-    (out / "results.json").write_text(json.dumps({"started": started, "seconds": round(seconds, 1),
-                                                  "short": c.short, "seed": c.seed, "stages": stages,
-                                                  "rows": [asdict(r) for r in c.rows]}, indent=1))
-    (out / "results.md").write_text(table)
+    table = c.save()
     docs = args.docs or (None if args.short or set(stages) != set(STAGES) else str(REPO / "docs" / "RELIABILITY.md"))
     if docs:
         write_docs(Path(docs), table, c)

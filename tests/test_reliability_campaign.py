@@ -1,6 +1,7 @@
-"""The reliability campaign (scripts/reliability_campaign.py) in its short form: kill -9 of extract and train with
-resume, every bad input, and generate under load through a faulty proxy. Generation against vLLM and the whole
-`run` pipeline are left to the full campaign (they need a server start and several minutes)."""
+"""The reliability campaign (scripts/reliability_campaign.py) in a short form that fits CI: kill -9 of extract and
+train with resume, and generate under load through a faulty proxy. The bad-input rows (tens of CLI starts), the
+whole `run` pipeline and generation against vLLM are left to the full campaign; the faults it found have their own
+tests (test_fault_handling.py, test_conversations.py, test_prepare.py)."""
 
 from __future__ import annotations
 
@@ -19,23 +20,20 @@ REPO = Path(__file__).resolve().parents[1]
 def test_short_campaign_rows_are_recorded_and_lose_nothing(tmp_path):
     out = tmp_path / "campaign"
     cmd = [sys.executable, str(REPO / "scripts" / "reliability_campaign.py"), "--short", "--kills", "1",
-           "--stages", "kill-extract,kill-train,inputs,load", "--out", str(out)]
+           "--stages", "kill-extract,kill-train,load", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                        env={**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"})
     assert (out / "results.json").is_file(), r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
     stages = {row["stage"] for row in rows}
-    assert {"extract", "train", "prepare", "generate (load)"} <= stages
+    assert stages == {"extract", "train", "generate (load)"}
     kills = [row for row in rows if row["fault"].startswith("kill -9")]
     assert {row["stage"] for row in kills} == {"extract", "train"}
     # Nothing is ever lost, whatever else fails; a kill's resume ends identical to the uninterrupted run.
     assert all(row["lost"] == 0 for row in rows), [row for row in rows if row["lost"]]
     assert all(row["ok"] for row in kills), kills
-    by_fault = {row["fault"]: row for row in rows}
-    for fault in ("malformed JSON line", "invalid UTF-8", "unknown role", "empty turn",
-                  "malformed JSON line (--skip-bad-records)", "invalid UTF-8 (--skip-bad-records)"):
-        assert by_fault[fault]["ok"], by_fault[fault]
     load = next(row for row in rows if row["stage"] == "generate (load)")
+    assert load["handled"].startswith("exit 0") and load["lost"] == 0  # exactly once; throughput is machine-bound
     assert load["details"]["drops_before"] + load["details"]["drops_after"] > 0
     assert load["details"]["retries"] >= load["details"]["drops_before"] + load["details"]["drops_after"]
     table = (out / "results.md").read_text()
