@@ -82,6 +82,10 @@ class Campaign:
         self.started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         self.t0 = time.monotonic()
         self.stages: list[str] = []
+        self.only: list[str] = []  # --only: run just the input rows whose fault contains one of these
+
+    def wanted(self, fault: str) -> bool:
+        return not self.only or any(o.lower() in fault.lower() for o in self.only)
 
     def save(self) -> str:
         """Write OUT/results.json and OUT/results.md (after every row: a campaign stopped early keeps its rows)."""
@@ -768,6 +772,8 @@ def prepare_row(c: Campaign, a: Assets, fault: str, data: Path, expected: str, m
                 counts_key: str = "bad_records") -> None:
     """One bad source: without --skip-bad-records a clear error naming `must`; with it (or for turn-level problems)
     a counted skip equal to `skip` in manifest counts[counts_key]."""
+    if not c.wanted(fault):
+        return
     out = c.out / "inputs" / ("prep-" + hashlib.sha1(fault.encode()).hexdigest()[:8])
     shutil.rmtree(out, ignore_errors=True)
     cmd = c.cli("prepare", "--data", data, "--verifier", verifier or a.verifier, "--out", out, "--max-length", "160",
@@ -793,9 +799,41 @@ def prepare_row(c: Campaign, a: Assets, fault: str, data: Path, expected: str, m
                   0, command_text(cmd2), time.monotonic() - t0))
 
 
+def big_line(c: Campaign, a: Assets, source: Callable[[str, list[bytes]], Path], good: list[bytes]) -> None:
+    """A single huge record: prepare must truncate/skip and count it (or refuse it clearly), not fall over."""
+    d = c.out / "inputs"
+    big_mb = 10 if c.short else 100
+    avail = available_memory()
+    if big_mb == 100 and avail < 16 * 2**30:  # tokenizing the whole line takes several GB: spare a shared machine
+        big_mb = 25
+    if not c.wanted(f"a {big_mb} MB line"):
+        return
+    big = json.dumps({"id": "huge", "messages": [{"role": "user", "content": "word " * (big_mb * 2**20 // 5)},
+                                                 {"role": "assistant", "content": "ok"}]}).encode()
+    t0 = time.monotonic()
+    out = d / "prep-big"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = c.cli("prepare", "--data", source("big-line.jsonl", good[:4] + [big]), "--verifier", a.verifier, "--out",
+                out, "--max-length", "160", "--val-count", "1")
+    del big
+    r = c.run(cmd)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    if r.returncode == 0:
+        m = json.loads((out / "manifest.json").read_text())["counts"]
+        handled = (f"exit 0; truncated {m['truncated']}, skipped {m['skipped']}; largest child RSS so far "
+                   f"{peak:.1f} GB")
+        ok = m["truncated"] + m["skipped_total"] >= 1
+    else:
+        ok, handled = clean_error(r, "big-line.jsonl")
+    c.add(Row("prepare", f"a {big_mb} MB line", "truncated/skipped and counted, or exit 2 naming it", handled, ok,
+              0, command_text(cmd), time.monotonic() - t0))
+
+
 def inputs(c: Campaign, a: Assets) -> None:
     d = c.out / "inputs"
     d.mkdir(parents=True, exist_ok=True)
+    for old in [*d.glob("t-*"), *d.glob("x-*"), *d.glob("prep-*")]:  # outputs of an earlier campaign: start afresh
+        shutil.rmtree(old, ignore_errors=True)
     good = a.source.read_bytes().splitlines()
 
     def source(name: str, lines: list[bytes]) -> Path:
@@ -812,28 +850,7 @@ def inputs(c: Campaign, a: Assets) -> None:
                                                + good[4:6]),
                 "exit 2 naming file and line; counted skip with --skip-bad-records", ("bad-utf8.jsonl", "line 4"),
                 {"invalid_utf8": 1})
-    big_mb = 10 if c.short else 100
-    avail = available_memory()
-    if big_mb == 100 and avail < 16 * 2**30:  # tokenizing the whole line takes several GB: spare a shared machine
-        big_mb = 25
-    big = json.dumps({"id": "huge", "messages": [{"role": "user", "content": "word " * (big_mb * 2**20 // 5)},
-                                                 {"role": "assistant", "content": "ok"}]}).encode()
-    t0 = time.monotonic()
-    out = d / "prep-big"
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = c.cli("prepare", "--data", source("big-line.jsonl", good[:4] + [big]), "--verifier", a.verifier, "--out",
-                out, "--max-length", "160", "--val-count", "1")
-    r = c.run(cmd, preexec=None)
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    if r.returncode == 0:
-        m = json.loads((out / "manifest.json").read_text())["counts"]
-        handled = f"exit 0; truncated {m['truncated']}, skipped {m['skipped']}; peak RSS so far {peak:.1f} GB"
-        ok = m["truncated"] + m["skipped_total"] >= 1
-    else:
-        ok, handled = clean_error(r, "big-line.jsonl")
-    del big
-    c.add(Row("prepare", f"a {big_mb} MB line", "truncated/skipped and counted, or exit 2 naming it", handled, ok,
-              0, command_text(cmd), time.monotonic() - t0))
+    big_line(c, a, source, good)
     unknown = json.dumps({"id": "r", "conversations": [{"from": "robot", "value": "beep"},
                                                        {"from": "gpt", "value": "x"}]}).encode()
     prepare_row(c, a, "unknown role", source("role.jsonl", good[:3] + [unknown] + good[3:6]),
@@ -863,26 +880,27 @@ def inputs(c: Campaign, a: Assets) -> None:
     # --- mismatched stage outputs ---
     other = tiny_llama(c.out / "assets" / "tiny-other-tokenizer", seed=1, vocab_extra=64, add_token=True)
     other_prep = d / "prepared-other"
-    if not (other_prep / "manifest.json").is_file():
+    if not (other_prep / "manifest.json").is_file() and (c.wanted("another verifier") or c.wanted("another tok")):
         c.run(c.cli("prepare", "--data", a.source, "--verifier", other, "--out", other_prep, "--max-length", "160",
                     "--val-count", "3"))
     other_vocab = d / "vocab-other"
-    if not (other_vocab / "vocab.safetensors").is_file():
+    if not (other_vocab / "vocab.safetensors").is_file() and c.wanted("another tokenizer"):
         c.run(c.cli("vocab", "--prepared", other_prep, "--out", other_vocab, "--size", "1024"))
 
     def row(stage: str, fault: str, cmd: list[str], expected: str, must: tuple[str, ...],
-            preexec: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+            preexec: Callable[[], None] | None = None) -> None:
+        if not c.wanted(fault):
+            return
         t0 = time.monotonic()
         r = c.run(cmd, preexec=preexec)
         ok, text = clean_error(r, *must)
         c.add(Row(stage, fault, expected, text, ok, 0, command_text(cmd), time.monotonic() - t0))
-        return r
 
     row("extract", "prepared data from another verifier (other tokenizer)",
         c.cli("extract", "--prepared", other_prep, "--verifier", a.verifier, "--out", d / "x-other", "--dtype",
               "float32"), "exit 2 naming the prepared data and the verifier", ("prepared",))
     prep2 = d / "prepared-2"
-    if not (prep2 / "manifest.json").is_file():
+    if not (prep2 / "manifest.json").is_file() and c.wanted("other data"):
         c.run(c.cli("prepare", "--data", conversations_file(d / "other-convs.jsonl", 24, offset=24), "--verifier",
                     a.verifier, "--out", prep2, "--max-length", "160", "--val-count", "3"))
     cmd = train_cmd(c, a, d / "t-other-data")
@@ -928,6 +946,8 @@ def disk_full(c: Campaign, a: Assets, row: Callable[..., Any]) -> None:
     """A disk that runs full during extract and during a checkpoint write; after freeing space the rerun resumes and
     ends identical to an uninterrupted run."""
     d = c.out / "inputs"
+    if not any(c.wanted(f"full disk during {s}") for s in ("extract", "train")):
+        return
     ref_extract = d / "full-ref-extract"
     if not (ref_extract / "manifest.json").is_file():
         c.run(extract_cmd(c, a, ref_extract))
@@ -941,6 +961,8 @@ def disk_full(c: Campaign, a: Assets, row: Callable[..., Any]) -> None:
             ("train (checkpoint write)", 64 << 20, ref_train, lambda o: train_cmd(c, a, o),
              lambda o: len(list((o / "checkpoints").glob("step-*"))) >= 1, compare_train)):
         mnt = d / f"full-{stage.split()[0]}"
+        if not c.wanted(f"full disk during {stage}"):
+            continue
         t0 = time.monotonic()
         with small_fs(mnt, size) as mounted:
             out = mnt / "out"
@@ -1053,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/reliability", help="work and result directory")
     p.add_argument("--kills", type=int, help="kills per stage (default 10, 2 with --short)")
+    p.add_argument("--only", help="comma-separated words: run only the input rows whose fault names one (inputs stage)")
     p.add_argument("--report", nargs="+", metavar="RESULTS_JSON",
                    help="only merge the rows of earlier runs' results.json into OUT/results.md (and --docs)")
     p.add_argument("--docs", help="also write the table into this markdown file (default docs/RELIABILITY.md "
@@ -1068,6 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kills:
         c.kills = args.kills
     c.stages = stages
+    c.only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     if args.report:
         merged = [json.loads(Path(f).read_text()) for f in args.report]
         c.rows = [Row(**r) for m in merged for r in m["rows"]]
