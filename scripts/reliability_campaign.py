@@ -114,19 +114,21 @@ class Campaign:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or self.env,
                               preexec_fn=preexec, errors="replace")
 
-    def run_killed(self, cmd: list[str], delay: float) -> tuple[bool, int]:
-        """Start `cmd`, SIGKILL it after `delay` s unless it ended; (killed, returncode). Children are reaped."""
+    def run_killed_at(self, cmd: list[str], reached: Callable[[], bool], jitter: float) -> bool:
+        """Start `cmd`; SIGKILL it `jitter` s after `reached()` turns true. False when it ended first."""
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env,
                                 start_new_session=True)
-        try:
-            rc = proc.wait(timeout=delay)
-            return False, rc
-        except subprocess.TimeoutExpired:
-            proc.kill()  # SIGKILL to the process only, as `kill -9 PID` would
-            proc.wait()
-            with contextlib.suppress(ProcessLookupError):  # anything it started (none expected) goes too
-                os.killpg(proc.pid, signal.SIGKILL)
-            return True, -9
+        while proc.poll() is None and not reached():
+            time.sleep(0.02)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=jitter)
+        if proc.poll() is not None:
+            return False
+        proc.kill()  # SIGKILL to the process only, as `kill -9 PID` would
+        proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # anything it started (none expected) goes too
+            os.killpg(proc.pid, signal.SIGKILL)
+        return True
 
 
 def command_text(cmd: list[str]) -> str:
@@ -279,57 +281,53 @@ def train_cmd(c: Campaign, a: Assets, out: Path, hidden: Path | None = None, ext
 
 
 # --- kill -9 --------------------------------------------------------------------------------------------------
-def kill_stage(c: Campaign, stage: str, cmd: list[str], out: Path, ready: Callable[[Path], bool],
+def kill_stage(c: Campaign, stage: str, cmd: list[str], out: Path, progress: Callable[[Path], int],
                compare: Callable[[Path, Path], list[str]], state: Callable[[Path], str],
                ignore: tuple[str, ...] = ()) -> None:
-    """Reference run, then trials: kill once or twice at random times, rerun to the end, compare."""
+    """Reference run, then trials: kill once or more at random points, rerun to the end, compare.
+
+    A kill point is a seeded random progress count (shards, logged steps, rows, stages; 0 = start-up) plus a random
+    delay of up to a second, so kills land as often in a write as between writes, however fast the machine is.
+    """
     ref = out.with_name(out.name + "-reference")
     work = out
     shutil.rmtree(ref, ignore_errors=True)
     ref_cmd = [str(ref) if a == str(out) else a for a in cmd]
-    # Time to first output (ready) and total, from the uninterrupted run: kills fall between the two.
     t0 = time.monotonic()
-    proc = subprocess.Popen(ref_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=c.env, text=True)
-    t_ready = None
-    while proc.poll() is None:
-        if t_ready is None and ready(ref):
-            t_ready = time.monotonic() - t0
-        time.sleep(0.05)
+    r = c.run(ref_cmd)
     total = time.monotonic() - t0
-    if proc.returncode != 0:
-        c.add(Row(stage, "uninterrupted reference run", "exit 0", f"exit {proc.returncode}: "
-                  f"{proc.stderr.read()[-300:]}", False, None, command_text(ref_cmd), total))
+    if r.returncode != 0:
+        c.add(Row(stage, "uninterrupted reference run", "exit 0", f"exit {r.returncode}: {error_excerpt(r)}", False,
+                  None, command_text(ref_cmd), total))
         return
-    t_ready = t_ready or total * 0.3
+    final = progress(ref)
     kills, trials, t_start = 0, 0, time.monotonic()
     while kills < c.kills and trials < 3 * c.kills:
         trials += 1
         shutil.rmtree(work, ignore_errors=True)
         chain = 1 + c.rng.randrange(3)  # kill the resumed run too, up to three kills before the run may finish
-        delays, states = [], []
+        points, states = [], []
         for _ in range(chain):
-            delay = c.rng.uniform(0.8 * t_ready, 0.97 * total)
-            killed, _ = c.run_killed(cmd, delay)
-            if not killed:
+            target, jitter = c.rng.randrange(max(1, final)), c.rng.uniform(0.0, 1.0)
+            if not c.run_killed_at(cmd, lambda target=target: progress(work) >= target, jitter):
                 break
             kills += 1
-            delays.append(round(delay, 2))
+            points.append(f"progress {target}/{final} + {jitter:.2f} s")
             states.append(state(work))
         t1 = time.monotonic()
         r = c.run(cmd)
         diffs = compare(ref, work) if r.returncode == 0 else ["<resumed run failed>"]
         extra = leftovers(ref, work, ignore)
         ok = r.returncode == 0 and not diffs and not extra
-        handled = (f"killed at {delays} s ({'; '.join(states)}); rerun exit {r.returncode}"
+        handled = (f"killed at {'; '.join(f'{p} ({s})' for p, s in zip(points, states))}; rerun exit {r.returncode}"
                    + (f": {error_excerpt(r)}" if r.returncode else "")
                    + (f"; differs: {diffs[:5]}" if diffs else "; outputs identical")
                    + (f"; left behind: {extra[:5]}" if extra else ""))
-        if delays:
-            c.add(Row(stage, f"kill -9 x{len(delays)} (trial {trials})", "rerun resumes; outputs identical to an "
+        if points:
+            c.add(Row(stage, f"kill -9 x{len(points)} (trial {trials})", "rerun resumes; outputs identical to an "
                       "uninterrupted run; nothing of the killed run left", handled, ok, len(diffs),
-                      command_text(cmd) + f"  # kill -9 after {delays} s, then rerun", time.monotonic() - t1,
-                      {"delays": delays, "states": states, "reference_s": round(total, 1),
-                       "ready_s": round(t_ready, 1)}))
+                      command_text(cmd) + f"  # kill -9 at {points}, then rerun", time.monotonic() - t1,
+                      {"points": points, "states": states, "reference_s": round(total, 1)}))
     print(f"  {stage}: {kills} kills in {trials} trials, {time.monotonic() - t_start:.0f} s", flush=True)
 
 
@@ -400,6 +398,22 @@ def compare_run(ref: Path, got: Path) -> list[str]:
     return diffs + [f"set aside: {aside}"] if aside else diffs
 
 
+def lines(name: str) -> Callable[[Path], int]:
+    def count(out: Path) -> int:
+        with contextlib.suppress(OSError):
+            return (out / name).read_bytes().count(b"\n")
+        return 0
+    return count
+
+
+def run_progress(out: Path) -> int:
+    """Stages done, then the training steps logged: enough points to kill every stage of the pipeline."""
+    with contextlib.suppress(OSError, ValueError):
+        stages = len(json.loads((out / "pipeline_state.json").read_text()).get("stages", {}))
+        return stages * 10 + lines("metrics.jsonl")(out / "train")
+    return 0
+
+
 def run_state(out: Path) -> str:
     p = out / "pipeline_state.json"
     done = list(json.loads(p.read_text()).get("stages", {})) if p.is_file() else []
@@ -408,14 +422,13 @@ def run_state(out: Path) -> str:
 
 def kill_extract(c: Campaign, a: Assets) -> None:
     out = c.out / "kill" / "extract"
-    kill_stage(c, "extract", extract_cmd(c, a, out), out, lambda p: (p / "manifest.json").is_file(),
-               compare_extract, shard_state)
+    kill_stage(c, "extract", extract_cmd(c, a, out), out,
+               lambda p: len(list(p.glob("*/shard-*.safetensors"))), compare_extract, shard_state)
 
 
 def kill_train(c: Campaign, a: Assets) -> None:
     out = c.out / "kill" / "train"
-    kill_stage(c, "train", train_cmd(c, a, out), out, lambda p: (p / "metrics.jsonl").is_file(), compare_train,
-               ckpt_state)
+    kill_stage(c, "train", train_cmd(c, a, out), out, lines("metrics.jsonl"), compare_train, ckpt_state)
 
 
 def kill_run(c: Campaign, a: Assets) -> None:
@@ -425,8 +438,7 @@ def kill_run(c: Campaign, a: Assets) -> None:
     # The reference run gets its run_dir with --run-dir (kill_stage swaps the `out` argument).
     cmd = c.cli("run", "--config", cfg, "--run-dir", out)
     del ref
-    kill_stage(c, "run", cmd, out, lambda p: (p / "pipeline_state.json").is_file(), compare_run, run_state,
-               ignore=("generate-source",))
+    kill_stage(c, "run", cmd, out, run_progress, compare_run, run_state, ignore=("generate-source",))
 
 
 # --- a local OpenAI-compatible server and a faulty proxy --------------------------------------------------------
@@ -681,7 +693,7 @@ def kill_generate(c: Campaign, a: Assets) -> None:
         cmd = c.cli("generate", "--data", src, "--endpoint", url, "--model", model, "--out", out,
                     "--concurrency", "1", "--max-tokens", "32", "--temperature", "0")
         n0 = len(c.rows)
-        kill_stage(c, "generate", cmd, out, lambda p: (p / "conversations.jsonl").is_file(), compare, state)
+        kill_stage(c, "generate", cmd, out, lines("conversations.jsonl"), compare, state)
         for r in c.rows[n0:]:
             r.details["server"] = kind
         errors_against_servers(c, src, url, model)
