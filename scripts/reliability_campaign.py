@@ -939,7 +939,7 @@ def inputs(c: Campaign, a: Assets) -> None:
 
     # --- the file system ---
     ro = d / "readonly"
-    with small_fs(ro, 256 << 20, read_only=True) as mounted:  # roomy: the space checks must not hide the write
+    with small_fs(ro, 4 << 30, read_only=True) as mounted:  # roomy: the space checks must not hide the write
         if not mounted:
             ro.mkdir(exist_ok=True)
             ro.chmod(0o555)
