@@ -124,6 +124,9 @@ def atomic_dir(target: str | os.PathLike, ours: Callable[[Path], bool] | None = 
     recover_replaced_dir(target)
     if ours is not None:
         claim_output_dir(target, what, ours)
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):  # temp dirs of writes a kill interrupted
+        if stale.is_dir() and ".replaced-" not in stale.name:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = make_temp_dir(target)
     try:
         yield tmp
