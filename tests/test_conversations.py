@@ -197,6 +197,70 @@ def test_bad_records_name_file_record_and_field(tmp_path, record, pattern):
     assert str(f) in str(e.value) and "record 2 (line 2)" in str(e.value)
 
 
+def _mixed_file(path: Path) -> bytes:
+    """JSON Lines with good records 1, 3, 6, 8 and broken ones: invalid JSON, non-UTF-8 bytes, an unknown role."""
+    def good(i):
+        return json.dumps({"id": f"g{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                       {"role": "assistant", "content": f"a{i}"}]}).encode()
+    lines = [good(1), b'{"id": "j2", "messages": [}', good(3),
+             b'{"id": "u4", "messages": [{"role": "user", "content": "caf\xe9"}]}',
+             b'{"id": "r5", "messages": [{"role": "robot", "content": "beep"}]}', good(6), b"not json at all",
+             good(8)]
+    data = b"\n".join(lines) + b"\n"
+    path.write_bytes(data)
+    return data
+
+
+def test_bad_records_stop_by_default_naming_file_and_line(tmp_path):
+    f = tmp_path / "dump.jsonl"
+    _mixed_file(f)
+    with pytest.raises(Eagle3InputError, match=r"line 4: not UTF-8.*--skip-bad-records") as e:
+        collect(f)  # the whole file is decoded first
+    assert str(f) in str(e.value)
+    f.write_bytes(f.read_bytes().replace(b"caf\xe9", b"cafe"))
+    with pytest.raises(Eagle3InputError, match=r"line 2, column \d+\): invalid JSON.*--skip-bad-records"):
+        collect(f)
+
+
+def test_skip_bad_records_counts_reasons_and_names_first_lines(tmp_path):
+    f = tmp_path / "dump.jsonl"
+    data = _mixed_file(f)
+    it, info = load_conversations(f, skip_bad_records=True)
+    convs = list(it)
+    assert [c.id for c in convs] == ["g1", "g3", "g6", "g8"]
+    assert info.bad_records == {"invalid_json": 2, "invalid_utf8": 1, "invalid_record": 1}
+    assert [(e["line"], e["reason"]) for e in info.bad_record_examples] == [
+        (2, "invalid_json"), (4, "invalid_utf8"), (5, "invalid_record"), (7, "invalid_json")]
+    assert all(e["file"] == str(f) for e in info.bad_record_examples)
+    assert "unknown role 'robot'" in info.bad_record_examples[2]["detail"]
+    assert info.records == 4 and info.conversations == 4 and info.complete
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    # The good records are the same as in a clean file; a clean file gives no bad-record entries.
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(b"".join(line + b"\n" for line in data.splitlines() if line.startswith(b'{"id": "g')))
+    it2, info2 = load_conversations(clean, skip_bad_records=True)
+    assert [c.messages for c in it2] == [c.messages for c in convs] and info2.bad_records == {}
+    # A limit counts conversations, not skipped records.
+    it3, _ = load_conversations(f, limit=2, skip_bad_records=True)
+    assert [c.id for c in it3] == ["g1", "g3"]
+
+
+def test_skip_bad_records_in_a_json_array_and_all_bad(tmp_path):
+    f = tmp_path / "dump.json"
+    f.write_bytes(b'[\n{"id": "a", "messages": [{"role": "user", "content": "q"}]},\n{"id": "b", "mess\n'
+                  b'{"id": "c", "messages": [{"role": "user", "content": "q\xff"}]},\n'
+                  b'{"id": "d", "messages": [{"role": "user", "content": "q"}]}\n]\n')
+    it, info = load_conversations(f, skip_bad_records=True)
+    assert [c.id for c in it] == ["a", "d"]
+    assert info.bad_records == {"invalid_json": 1, "invalid_utf8": 1}
+    assert [e["line"] for e in info.bad_record_examples] == [3, 4]
+    g = tmp_path / "allbad.jsonl"
+    g.write_bytes(b"{x\n{y\n")
+    with pytest.raises(Eagle3InputError, match=r"no conversation records.*invalid_json': 2"):
+        collect_skip = load_conversations(g, skip_bad_records=True)[0]
+        list(collect_skip)
+
+
 # ---- turn structure --------------------------------------------------------------------------------------------
 
 def _msgs(*roles):

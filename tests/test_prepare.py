@@ -311,3 +311,26 @@ def test_template_failures_are_counted(tmp_path, verifier):
     assert m["counts"]["skipped"] == {"chat_template_error": 1}
     assert m["skip_examples"]["chat_template_error"] == ["g1"]
     assert m["counts"]["kept"]["train"] == len(GOOD) - 1
+
+
+def test_cli_skip_bad_records_counts_them_in_the_manifest(tmp_path, verifier, capsys):
+    src = tmp_path / "dump.jsonl"
+    good = [json.dumps({"id": f"g{i}", "messages": [{"role": "user", "content": f"Question {i}?"},
+                                                    {"role": "assistant", "content": f"Answer {i}."}]}).encode()
+            for i in range(6)]
+    src.write_bytes(b"\n".join(good[:2] + [b'{"id": "bad", "messages": [}'] + good[2:4]
+                               + [b'{"id": "u", "messages": [{"role": "user", "content": "\xff"}]}'] + good[4:])
+                    + b"\n")
+    out = tmp_path / "out"
+    args = ["prepare", "--data", str(src), "--verifier", str(verifier), "--out", str(out), "--val-count", "1"]
+    assert cli_main(args) == 2  # default: the first broken line stops it, naming file and line
+    err = capsys.readouterr().err
+    assert str(src) in err and "line 6: not UTF-8" in err and not out.exists()
+    assert cli_main(args + ["--skip-bad-records"]) == 0
+    assert "bad source records skipped" in capsys.readouterr().out
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["bad_records"] == {"invalid_json": 1, "invalid_utf8": 1}
+    assert [(e["line"], e["reason"]) for e in m["source"]["bad_record_examples"]] == [(3, "invalid_json"),
+                                                                                      (6, "invalid_utf8")]
+    assert m["settings"]["skip_bad_records"] is True
+    assert sorted(rows(out)) == [f"g{i}" for i in range(6)]

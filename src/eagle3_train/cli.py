@@ -7,6 +7,7 @@ function that `main` calls (see each module's docstring).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -29,6 +30,9 @@ STAGES: dict[str, tuple[str, str]] = {
     "inspect": ("eagle3_train.export.inspect", "print a checkpoint's summary and lineage"),
     "plan": ("eagle3_train.plan", "estimate disk, transfer and memory of a run from the verifier config alone"),
 }
+# File-system failures that are the user's to fix (space, permissions), reported without a traceback.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -60,6 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         result = module.main(args)
     except Eagle3InputError as e:
         print(f"eagle3-train {args.stage}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in _NO_SPACE | _NOT_WRITABLE:
+            raise
+        what = f" {e.filename}" if e.filename else ""
+        hint = ("free some space (or choose another output directory) and rerun the same command: finished work is "
+                "kept" if e.errno in _NO_SPACE else "choose a directory you can write to")
+        print(f"eagle3-train {args.stage}: error: cannot write{what}: {e.strerror}; {hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"eagle3-train {args.stage}: interrupted; rerun the same command to resume", file=sys.stderr)

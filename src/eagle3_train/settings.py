@@ -67,6 +67,9 @@ class PrepareSettings:
         "auto", "a thinking model's reasoning_content: through the chat template, inline in <think> tags, dropped, "
                 "or auto (template when it renders reasoning, else inline); supervised like the answer")
     trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
+    skip_bad_records: bool = setting(False, "skip source records that are not valid JSON/UTF-8 or not conversations "
+                                            "(counted by reason in the manifest, the first named) instead of stopping "
+                                            "at the first")
     preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N")
 
 
@@ -101,6 +104,9 @@ class GenerateSettings:
                                   yaml=False)
     overwrite: bool = setting(False, "discard an existing output in --out and start over (without it a rerun "
                                      "resumes, and output made with other settings is refused)", yaml=False)
+    skip_bad_records: bool = setting(False, "skip source records that are not valid JSON/UTF-8 or not conversations "
+                                            "(counted by reason in the manifest, the first named) instead of stopping "
+                                            "at the first")
     serve_verifier: str | None = setting(None, "start a vLLM server for this verifier (e.g. smollm2-135m-instruct) "
                                                "and use it", yaml=False, metavar="NAME_OR_DIR")
     max_model_len: int = setting(MAX_MODEL_LEN, "context length of the vLLM server started here",

@@ -5,7 +5,12 @@ Files are decoded value by value with `json.JSONDecoder.raw_decode`, which handl
 concatenated JSON alike, and lets a cut-off file (the embedded ShareGPT file ends mid-record) be read up to its last
 complete record: the broken tail is skipped and reported in `SourceInfo.broken_tail`.
 
-Python API: `load_conversations(source, limit=None) -> (Iterator[Conversation], SourceInfo)`,
+A broken record (invalid JSON, bytes that are not UTF-8, a record that is not a conversation) stops the read with
+an error naming the file and line, unless `skip_bad_records=True`: then it is skipped, counted by reason in
+`SourceInfo.bad_records` and the first few are named (file, line) in `SourceInfo.bad_record_examples`. Recovery
+resumes at the next line, so it is exact for JSON Lines (one record per line).
+
+Python API: `load_conversations(source, limit=None, skip_bad_records=False) -> (Iterator[Conversation], SourceInfo)`,
 `normalize_turns(messages, leading_assistant="trim") -> (messages, reason)`.
 """
 
@@ -15,6 +20,7 @@ import codecs
 import hashlib
 import json
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -33,6 +39,9 @@ ROLE_ALIASES = {
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
 }
 _WS = " \t\r\n"
+_BAD_EXAMPLES = 5
+# Undecodable bytes become lone surrogates under errors="surrogateescape"; valid UTF-8 text never holds them.
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 @dataclass
@@ -58,6 +67,9 @@ class SourceInfo:
     complete: bool = False  # the whole file was read (no limit stopped it early)
     broken_tail: dict[str, int] | None = None  # {"byte_offset", "bytes"} of a cut-off last record
     bom_bytes: int = 0  # a UTF-8 byte-order mark at the start (counted in byte offsets)
+    skip_bad_records: bool = False
+    bad_records: dict[str, int] = field(default_factory=dict)  # reason -> records skipped (skip_bad_records)
+    bad_record_examples: list[dict[str, Any]] = field(default_factory=list)  # first few: file, line, reason, detail
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,31 +106,66 @@ def resolve_source(source: str | Path) -> Path:
     return p
 
 
-def load_conversations(source: str | Path, limit: int | None = None) -> tuple[Iterator[Conversation], SourceInfo]:
-    """Open a conversation source; conversations are decoded lazily, the first `limit` records only."""
+def load_conversations(source: str | Path, limit: int | None = None, skip_bad_records: bool = False
+                       ) -> tuple[Iterator[Conversation], SourceInfo]:
+    """Open a conversation source; conversations are decoded lazily, the first `limit` records only.
+
+    With `skip_bad_records`, broken records are skipped and counted (see the module docstring) instead of failing.
+    """
     path = resolve_source(source)
     if limit is not None and limit < 0:
         raise Eagle3InputError(f"limit must be >= 0, got {limit}")
-    info = SourceInfo(source=str(source), path=str(path), sha256=sha256_file(path), limit=limit)
+    info = SourceInfo(source=str(source), path=str(path), sha256=sha256_file(path), limit=limit,
+                      skip_bad_records=skip_bad_records)
     return _iter_file(path, info, limit), info
 
 
+def _bad(info: SourceInfo, path: Path, line: int, reason: str, detail: str) -> None:
+    info.bad_records[reason] = info.bad_records.get(reason, 0) + 1
+    if len(info.bad_record_examples) < _BAD_EXAMPLES:
+        info.bad_record_examples.append({"file": str(path), "line": line, "reason": reason, "detail": detail[:200]})
+    if sum(info.bad_records.values()) == 1:
+        log.warning("%s, line %d: skipped a bad record (%s: %s); later ones are counted in the manifest",
+                    path, line, reason, detail[:200])
+
+
 def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conversation]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a byte-order mark
-    except UnicodeDecodeError as e:
-        raise Eagle3InputError(f"{path} is not UTF-8 text (byte {e.start})") from None
+    skip = info.skip_bad_records
     with open(path, "rb") as f:
         info.bom_bytes = 3 if f.read(3) == codecs.BOM_UTF8 else 0
+    if skip:  # undecodable bytes survive as lone surrogates, so the records holding them can be found and skipped
+        text = path.read_bytes()[info.bom_bytes:].decode("utf-8", errors="surrogateescape")
+    else:
+        try:
+            text = path.read_text(encoding="utf-8-sig")  # -sig: tolerate a byte-order mark
+        except UnicodeDecodeError as e:
+            line = path.read_bytes().count(b"\n", 0, e.start) + 1
+            raise Eagle3InputError(f"{path}, line {line}: not UTF-8 text (byte {e.start}); fix the file or pass "
+                                   f"--skip-bad-records to skip such records") from None
     seen: Counter[str] = Counter()
     formats: Counter[str] = Counter()
     line, last = 1, 0
     if limit == 0:
         return
-    for n, (record, pos) in enumerate(_iter_values(text, path, info), start=1):
-        info.records = n
+    n = 0
+    for record, pos, end, error in _iter_values(text, path, info):
         line, last = line + text.count("\n", last, pos), pos  # incremental: files can be 100+ MB
-        fmt, conv = _parse_record(record, path, n, line)
+        if error is not None:
+            _bad(info, path, line, "invalid_json", error)
+            continue
+        if skip and _ESCAPED_BYTE.search(text, pos, end):
+            _bad(info, path, line, "invalid_utf8", "bytes that are not UTF-8")
+            continue
+        n += 1
+        info.records = n
+        try:
+            fmt, conv = _parse_record(record, path, n, line)
+        except Eagle3InputError as e:
+            if not skip:
+                raise
+            info.records = n = n - 1
+            _bad(info, path, line, "invalid_record", str(e).split(": ", 1)[-1])
+            continue
         formats[fmt] += 1
         info.formats = dict(formats)
         info.format = fmt if len(formats) == 1 else "mixed"
@@ -132,15 +179,20 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             return  # before decoding another record (a cut-off tail past the limit is not reported)
     info.complete = True
     if info.records == 0:
-        raise Eagle3InputError(f"{path} contains no conversation records")
+        bad = f" (skipped bad records: {info.bad_records})" if info.bad_records else ""
+        raise Eagle3InputError(f"{path} contains no conversation records{bad}")
 
 
 def _line(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any, int]]:
-    """Yield (value, char offset) for each element of a top-level JSON array, or each value of JSON Lines."""
+def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any, int, int, str | None]]:
+    """Yield (value, start, end, None) for each element of a top-level JSON array, or each value of JSON Lines.
+
+    With `info.skip_bad_records`, a value that is not valid JSON yields (None, start, next, message) and decoding
+    resumes at the next line.
+    """
     decoder = json.JSONDecoder()
     i, n = 0, len(text)
     while i < n and text[i] in _WS:
@@ -176,14 +228,27 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
             value, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError as e:
             if _runs_to_eof(e, text):
-                offset = info.bom_bytes + len(text[:i].encode("utf-8"))
+                offset = info.bom_bytes + len(text[:i].encode("utf-8", errors="surrogateescape"))
                 info.broken_tail = {"byte_offset": offset, "bytes": path.stat().st_size - offset}
                 log.warning("%s: skipped a cut-off last record at byte %d (%d bytes; %d complete records before it)",
                             path, offset, info.broken_tail["bytes"], info.records)
                 return
-            raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "
-                                   f"invalid JSON: {e.msg}") from None
-        yield value, i
+            if not info.skip_bad_records:
+                raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "
+                                       f"invalid JSON: {e.msg}; fix the file or pass --skip-bad-records to skip "
+                                       f"such records") from None
+            nl = text.find("\n", e.pos)
+            nxt = n if nl < 0 else nl + 1
+            yield None, i, nxt, f"{e.msg} (column {e.colno})"
+            i = nxt
+            if in_array:  # resynchronise: the next line starts a record, possibly after the separating comma
+                while i < n and text[i] in _WS:
+                    i += 1
+                if i < n and text[i] == ",":
+                    i += 1
+                expect_comma = False
+            continue
+        yield value, i, end, None
         i = end
         expect_comma = in_array
 

@@ -6,10 +6,11 @@ and chat-template hash, verifier, settings, counts). The directory is written un
 when complete.
 
 Python API: `prepare(source, verifier, out_dir, max_length=..., overflow=..., val_fraction=..., seed=..., limit=...,
-chat_template=..., val_count=..., leading_assistant=...) -> dict` (the manifest), defaults from `PrepareSettings`
-(docs/CONFIG.md); `preview(prepared_dir, n=3, split="train", color=None) -> str`.
-CLI: `eagle3-train prepare --data sharegpt --verifier smollm2-135m-instruct --out DIR [--max-length N]
-[--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]`.
+chat_template=..., val_count=..., leading_assistant=..., reasoning=..., skip_bad_records=...) -> dict` (the manifest),
+defaults from `PrepareSettings` (docs/CONFIG.md); `preview(prepared_dir, n=3, split="train", color=None) -> str`.
+CLI: `eagle3-train prepare --data sharegpt --verifier NAME_OR_DIR --out DIR [--max-length N]
+[--overflow truncate|drop] [--limit N] [--val-fraction F | --val-count N] [--seed S] [--preview N]
+[--skip-bad-records]`.
 """
 
 from __future__ import annotations
@@ -99,9 +100,14 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
             overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
-            reasoning: str = _D.reasoning, trust_remote_code: bool = _D.trust_remote_code) -> dict[str, Any]:
+            reasoning: str = _D.reasoning, trust_remote_code: bool = _D.trust_remote_code,
+            skip_bad_records: bool = _D.skip_bad_records) -> dict[str, Any]:
     """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
-    `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded)."""
+
+    `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded).
+    `skip_bad_records`: skip (and count in the manifest) source records that are not valid JSON/UTF-8 or not
+    conversations, instead of stopping at the first.
+    """
     from transformers import AutoTokenizer
 
     t0 = time.time()
@@ -110,7 +116,8 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
-    conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
+    # bad paths fail before the tokenizer loads
+    conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
     verifier_dir = resolve_verifier(verifier)
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
@@ -195,6 +202,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "kept": {k: len(v) for k, v in by_split.items()},
         "skipped": dict(sorted(skipped.items())),
         "skipped_total": sum(skipped.values()),
+        "bad_records": dict(sorted(info.bad_records.items())),  # skipped source records (skip_bad_records)
         "truncated": truncated,
         "trimmed_leading_assistant": trimmed_leading,
         "assistant_turns_with_reasoning": reasoning_turns,
@@ -221,7 +229,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
                      "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
                      "reasoning": reasoning, "reasoning_placed": reasoning_mode,
-                     "template_renders_reasoning": renders_reasoning},
+                     "template_renders_reasoning": renders_reasoning, "skip_bad_records": skip_bad_records},
         "counts": counts,
         "skip_examples": examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
@@ -319,13 +327,17 @@ def main(args: argparse.Namespace) -> int:
     manifest = prepare(s.data, s.verifier, s.out, max_length=s.max_length, overflow=s.overflow,
                        val_fraction=s.val_fraction, seed=s.seed, limit=s.limit, chat_template=s.chat_template,
                        val_count=s.val_count, leading_assistant=s.leading_assistant,
-                       reasoning=s.reasoning, trust_remote_code=s.trust_remote_code)
+                       reasoning=s.reasoning, trust_remote_code=s.trust_remote_code,
+                       skip_bad_records=s.skip_bad_records)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"
           + (f" (skipped a cut-off tail at byte {src['broken_tail']['byte_offset']})" if src["broken_tail"] else ""))
     print(f"kept: train {c['kept']['train']}, validation {c['kept']['validation']}; "
           f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}")
+    if c["bad_records"]:
+        print(f"bad source records skipped: {json.dumps(c['bad_records'])}; first: "
+              + ", ".join(f"line {e['line']} ({e['reason']})" for e in src["bad_record_examples"]))
     print(f"tokens: {json.dumps(c['tokens'])}; supervised: {json.dumps(c['supervised_tokens'])}")
     print(f"took {manifest['elapsed_s']:.1f}s -> {s.out}")
     if s.preview:

@@ -16,11 +16,12 @@ from eagle3_train.utils.io import atomic_path
 log = logging.getLogger(__name__)
 
 
-def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int) -> Path:
+def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, skip_bad_records: bool = False
+              ) -> Path:
     """Write the source's conversations, cut after `max_turns` user turns, as messages JSONL."""
     from eagle3_train.assets.conversations import load_conversations
 
-    conversations, _ = load_conversations(source, limit=limit)
+    conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
     with atomic_path(out_file) as tmp, open(tmp, "w") as f:
         for conv in conversations:
             kept, users = [], 0
@@ -31,6 +32,8 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int) ->
                         break
                 kept.append(m)
             f.write(json.dumps({"id": conv.id, "messages": kept}) + "\n")
+    if info.bad_records:
+        log.warning("%s: skipped bad records %s (first: %s)", source, info.bad_records, info.bad_record_examples)
     return out_file
 
 
@@ -45,7 +48,8 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     s = dict(settings)
     limit, max_turns = s.pop("limit", None), s.pop("max_turns", None)
     if max_turns:
-        source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns)))
+        source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns),
+                               bool(s.get("skip_bad_records", False))))
     out_dir.mkdir(parents=True, exist_ok=True)
     with VLLMServer(verifier_dir, enforce_eager=True, log_path=out_dir / "vllm.log",
                     max_model_len=int(s.pop("max_model_len", GenerateSettings.max_model_len)),

@@ -234,10 +234,10 @@ def _check_resume(manifest_path: Path, model: str, sampling: Sampling, source_sh
                                f"use another --out, the same settings to resume, or --overwrite to start over")
 
 
-def _count_source(source: str | Path, limit: int | None) -> tuple[int, str]:
+def _count_source(source: str | Path, limit: int | None, skip_bad_records: bool) -> tuple[int, str]:
     from eagle3_train.assets.conversations import load_conversations
 
-    it, info = load_conversations(source, limit)
+    it, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
     n = sum(1 for _ in it)
     return n, info.sha256
 
@@ -247,10 +247,12 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
                temperature: float = _D.temperature, top_p: float = _D.top_p, seed: int | None = _D.seed,
                reasoning: str = _D.reasoning, timeout_s: float = _D.timeout_s, max_retries: int = _D.max_retries,
                api_key: str | None = _D.api_key, overwrite: bool = _D.overwrite,
-               extra_manifest: dict | None = None) -> dict:
+               extra_manifest: dict | None = None, skip_bad_records: bool = _D.skip_bad_records) -> dict:
     """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest.
 
-    `api_key` None: $OPENAI_API_KEY, else "EMPTY" (what vLLM accepts without --api-key)."""
+    `api_key` None: $OPENAI_API_KEY, else "EMPTY" (what vLLM accepts without --api-key). `skip_bad_records`: skip
+    (and count in the manifest) source records that are not valid JSON/UTF-8 or not conversations, instead of
+    stopping at the first."""
     api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
@@ -260,7 +262,7 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
     return asyncio.run(_regenerate(source, Path(out_dir), endpoints, model, limit, concurrency, sampling, timeout_s,
-                                   max_retries, api_key, overwrite, extra_manifest or {}))
+                                   max_retries, api_key, overwrite, extra_manifest or {}, skip_bad_records))
 
 
 async def _resolve_model(pool: ChatPool) -> str:
@@ -272,7 +274,7 @@ async def _resolve_model(pool: ChatPool) -> str:
 
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
                       limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
-                      api_key: str, overwrite: bool, extra_manifest: dict) -> dict:
+                      api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
     claim_output_dir(out_dir, "generate output directory", stage_manifest("generate"))
@@ -287,7 +289,7 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
         except (FatalRequestError, EndpointUnavailable) as e:
             raise Eagle3InputError(str(e)) from None
 
-        total, source_sha = _count_source(source, limit)
+        total, source_sha = _count_source(source, limit, skip_bad_records)
         if overwrite:
             for p in (out_path, skip_path, manifest_path):
                 p.unlink(missing_ok=True)
@@ -299,7 +301,7 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
         previous = len(done_ids | skip_ids)
         del done_records, skipped_records
 
-        conversations, info = load_conversations(source, limit)
+        conversations, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
         stats = _Stats()
         started, t0 = now_iso(), time.monotonic()
 
@@ -312,7 +314,8 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
                 "max_retries": max_retries, "limit": limit,
                 "source": {**info.to_dict(), "sha256": source_sha},
                 "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
-                           "skipped": skipped, "remaining": max(0, total - done["done"] - sum(skipped.values()))},
+                           "skipped": skipped, "bad_records": dict(sorted(info.bad_records.items())),
+                           "remaining": max(0, total - done["done"] - sum(skipped.values()))},
                 "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
                 "this_run": {"started": started, "wall_s": round(wall, 2), "requests": stats.requests,
                              "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
@@ -407,7 +410,8 @@ def main(args: argparse.Namespace) -> int:
     endpoints = list(s.endpoint)
     kwargs = dict(limit=s.limit, concurrency=s.concurrency, max_tokens=s.max_tokens, temperature=s.temperature,
                   top_p=s.top_p, seed=s.seed, reasoning=s.reasoning, timeout_s=s.timeout_s,
-                  max_retries=s.max_retries, api_key=s.api_key, overwrite=s.overwrite)
+                  max_retries=s.max_retries, api_key=s.api_key, overwrite=s.overwrite,
+                  skip_bad_records=s.skip_bad_records)
     if not s.serve_verifier:
         regenerate(s.data, s.out, endpoints, s.model, **kwargs)
         return 0

@@ -45,7 +45,14 @@ from eagle3_train.assets.verifier import (
 )
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    atomic_path,
+    read_json,
+    save_safetensors,
+    sha256_file,
+    write_json,
+)
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -162,6 +169,21 @@ def load_prepared(prepared_dir: str | Path, splits: Sequence[str]):
             raise Eagle3InputError(f"split '{split}' of {data_dir} lacks column(s) {', '.join(missing)} "
                                    f"(has {', '.join(ds[split].column_names)})")
     return ds
+
+
+def check_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
+    """Refuse prepared data tokenized with another tokenizer than the verifier's (its token ids mean other text)."""
+    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
+    tok = manifest.get("tokenizer") or {}
+    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
+    if not recorded or not tokenizer_json.is_file():
+        return
+    now = sha256_file(tokenizer_json)
+    if now != recorded:
+        raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
+                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
+                               f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
+                               f"prepared for")
 
 
 def decoder_parts(model) -> tuple[Any, Any]:
@@ -302,7 +324,6 @@ def _index(split: str, plans: list[ShardPlan], done: dict[int, dict]) -> dict:
 
 def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str]) -> dict:
     import torch
-    from safetensors.torch import save_file
 
     offsets = [0]
     for n in plan.lengths:
@@ -310,7 +331,7 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
     tensors = {"aux": aux, "final": final, "sample_index": torch.tensor(plan.rows, dtype=torch.int64),
                "offsets": torch.tensor(offsets, dtype=torch.int64)}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        save_safetensors(tensors, tmp, metadata=metadata)
         digest, size = sha256_file(tmp), tmp.stat().st_size
     return {"shard": plan.number, "file": path.name, "num_samples": len(plan.rows), "num_tokens": plan.num_tokens,
             "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest}
@@ -355,6 +376,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
         verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
     verifier_path = resolve_verifier(verifier)
+    check_tokenizer(prepared_dir, verifier_path)
     config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)

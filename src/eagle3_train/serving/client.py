@@ -192,6 +192,7 @@ class ChatPool:
         with exponential backoff (jittered), others raise the error class that says what to do."""
         avoid: int | None = None
         for attempt in range(self.max_retries + 1):
+            dropped = False  # a connection that broke on the first try is retried at once (a proxy or LB dropped it)
             i = self._pick(prefer if attempt == 0 else None, avoid)
             ep = self.endpoints[i]
             ep.in_flight += 1
@@ -214,13 +215,15 @@ class ChatPool:
                 error = f"{status}: {text}"
             except openai.APIConnectionError as e:  # includes timeouts
                 error = f"{type(e).__name__}: {e}"
+                dropped = attempt == 0 and not isinstance(e, openai.APITimeoutError)
             finally:
                 ep.in_flight -= 1
             ep.failures += 1
             avoid = i if len(self.endpoints) > 1 else None
             if attempt == self.max_retries:
                 raise EndpointUnavailable(f"request failed {self.max_retries + 1} times, last on {ep.url}: {error}")
-            delay = min(self.backoff_s * 2 ** attempt, self.backoff_max_s) * (0.5 + random.random() / 2)
+            backoff = min(self.backoff_s * 2 ** attempt, self.backoff_max_s) * (0.5 + random.random() / 2)
+            delay = 0.0 if dropped else backoff
             self.retries += 1
             log.warning("%s: %s; retry %d/%d in %.1f s", ep.url, error, attempt + 1, self.max_retries, delay)
             await asyncio.sleep(delay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 import random
 import shutil
@@ -10,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, save_safetensors, write_json
 
 WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
@@ -57,7 +58,7 @@ def load_training_state(path: Path) -> dict[str, Any]:
 def save_weights(model: Eagle3Draft, directory: Path) -> None:
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.trainable_state_dict().items()}
     tensors = {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
-    save_file(tensors, str(directory / WEIGHTS), metadata={"format": "pt", "producer": "eagle3-train"})
+    save_safetensors(tensors, directory / WEIGHTS, metadata={"format": "pt", "producer": "eagle3-train"})
 
 
 def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
@@ -67,7 +68,12 @@ def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[st
         save_weights(model, tmp)
         model.config.save(tmp / CONFIG)
         if training_state is not None:
-            torch.save(training_state, tmp / STATE)
+            try:
+                torch.save(training_state, tmp / STATE)
+            except RuntimeError as e:  # torch reports a failed write (e.g. a full disk) as RuntimeError
+                if "write" not in str(e):
+                    raise
+                raise OSError(errno.EIO, f"writing failed ({e}); is the disk full?", str(tmp / STATE)) from None
         write_json(tmp / METADATA, metadata)
     return directory
 

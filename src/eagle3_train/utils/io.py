@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -123,6 +124,9 @@ def atomic_dir(target: str | os.PathLike, ours: Callable[[Path], bool] | None = 
     recover_replaced_dir(target)
     if ours is not None:
         claim_output_dir(target, what, ours)
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*"):  # temp dirs of writes a kill interrupted
+        if stale.is_dir() and ".replaced-" not in stale.name:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = make_temp_dir(target)
     try:
         yield tmp
@@ -130,6 +134,24 @@ def atomic_dir(target: str | os.PathLike, ours: Callable[[Path], bool] | None = 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_safetensors(tensors: dict[str, Any], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """`safetensors.torch.save_file`, with an I/O failure (disk full, read-only) raised as an OSError naming the file.
+
+    safetensors reports those as a SafetensorError whose text holds the OS error number; the CLI turns OSError into a
+    clear message (see cli.py).
+    """
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:
+        m = re.search(r"os error (\d+)", str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
