@@ -241,7 +241,7 @@ class Trainer:
         """One optimizer step over this rank's share of `micro` (all ranks see the same list)."""
         cfg = self.cfg
         mine = micro[self.info.rank::self.info.world_size]
-        batches = [self.train_data.batch(b) for b in mine]
+        batches = [b for b in (self.train_data.batch(m) for m in mine) if b is not None]
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
             denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
@@ -278,7 +278,10 @@ class Trainer:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
         for b in plan[self.info.rank::self.info.world_size]:
-            batch = data.batch(b).to(self.device, torch.float32)
+            batch = data.batch(b)
+            if batch is None:  # every sample skipped by the source (counted there)
+                continue
+            batch = batch.to(self.device, torch.float32)
             denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
             sums.add(s)
