@@ -87,3 +87,34 @@ class TrainingSamples:
 
     def close(self) -> None:
         self.source.close()
+
+
+def open_samples(cfg, inputs, split: str) -> TrainingSamples:
+    """A split of the run's data with the hidden-state source its settings choose (offline, online or hybrid)."""
+    mode = cfg.hidden_states_mode
+    if mode == "offline":
+        return TrainingSamples(cfg.prepared, cfg.hidden_states, split)
+    from eagle3_train.hidden_states.online import HybridSource, OnlineSource
+
+    dtype = getattr(torch, cfg.hidden_states_dtype)
+    online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier_dir, layer_ids=inputs.layer_ids, dtype=dtype,
+                  model=cfg.served_model, concurrency=cfg.online_concurrency)
+    if mode == "online":
+        return TrainingSamples(cfg.prepared, OnlineSource(split, **online), split)
+    if mode != "hybrid":
+        raise Eagle3InputError(f"train.hidden_states_mode must be offline, online or hybrid, got {mode!r}")
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(Path(cfg.prepared) / "dataset"))
+    if split not in ds:
+        raise Eagle3InputError(f"prepared dataset {cfg.prepared}/dataset has no '{split}' split (has {list(ds)})")
+    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    hidden = int(text["hidden_size"])
+    manifest = {"verifier": inputs.verifier_identity, "verifier_name": inputs.verifier_name,
+                "layer_ids": list(inputs.layer_ids), "dtype": cfg.hidden_states_dtype, "hidden_size": hidden,
+                "num_layers": int(text["num_hidden_layers"]),
+                "prepared_manifest_sha256": inputs.prepared_manifest_sha256,
+                "prepared_dir": str(Path(cfg.prepared).resolve()), "aux_width": len(inputs.layer_ids) * hidden,
+                "bytes_per_token": 4 * hidden * torch.empty((), dtype=dtype).element_size()}
+    source = HybridSource(split, inputs.hidden_dir, manifest, len(ds[split]), **online)
+    return TrainingSamples(cfg.prepared, source, split)

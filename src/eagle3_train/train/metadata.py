@@ -12,7 +12,8 @@ VERSION = 1
 
 
 def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,
-                   status: str, progress: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+                   status: str, progress: dict[str, Any], metrics: dict[str, Any],
+                   source: dict[str, Any] | None = None) -> dict[str, Any]:
     pm = inputs.prepared_manifest
     return {
         "format": FORMAT,
@@ -30,6 +31,8 @@ def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any],
             "hidden_states_manifest_sha256": inputs.hidden_manifest_sha256,
             "layer_ids": list(inputs.layer_ids),
             "hidden_states_dtype": inputs.hidden_manifest.get("dtype"),
+            # mode (offline/online/hybrid), the servers' identity when served, samples skipped
+            "hidden_states_source": source or {"mode": "offline"},
         },
         "verifier": inputs.verifier_identity,
         "vocab": _vocab_record(inputs, draft_config, init),
