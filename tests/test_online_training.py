@@ -59,8 +59,8 @@ def losses(run: Path, split: str = "train") -> list[float]:
 
 def served(root: Path, out: Path, server, mode: str, **kw):
     kw.setdefault("max_steps", STEPS)
-    return train_config(root, out, hidden_states_mode=mode, endpoint=[server.base_url], hidden_states="",
-                        prefetch=2, **kw)
+    kw.setdefault("prefetch", 2)
+    return train_config(root, out, hidden_states_mode=mode, endpoint=[server.base_url], hidden_states="", **kw)
 
 
 def close(a: list[float], b: list[float]) -> bool:
@@ -96,7 +96,7 @@ def test_hybrid_writes_an_ordinary_hidden_states_dir_once_and_resumes(stages, se
     # Interrupted in the first epoch, then resumed: the same curve as the uninterrupted offline run.
     out = tmp_path / "hybrid"
     cfg = dict(max_steps=None, epochs=2)
-    first = train(served(stages, out, server, "hybrid", stop_after=2, **cfg))
+    first = train(served(stages, out, server, "hybrid", stop_after=1, **{**cfg, "prefetch": 0}))
     assert first["stopped"]
     partial = json.loads((out / "hidden_states" / "manifest.json").read_text())
     assert partial["status"] == "in_progress"

@@ -12,6 +12,7 @@ writes them), so from the second epoch on the states are read from disk and the 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.provenance import environment, now_iso
 
 log = logging.getLogger(__name__)
+_MANIFEST_LOCK = threading.Lock()
 
 
 class OnlineSource:
@@ -75,19 +77,25 @@ class HybridSource(OnlineSource):
         self.split_dir = self.dir / split
         self.num_samples = num_samples
         self.index_path = self.split_dir / "index.json"
+        self.new_manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION,
+                             "status": "in_progress", "backend": "vllm", "written_by": "train (hybrid mode)",
+                             **manifest, "vllm": self.servers, "splits": {}, "environment": environment()}
+        self.reader: Any = None  # opened on the first fetch: the trainer claims (or sets aside) its --out first
+
+    def _ready(self) -> None:
+        if self.reader is not None:
+            return
         mpath = self.dir / "manifest.json"
         if mpath.is_file():
             old = read_json(mpath, "hybrid hidden-states manifest")
             for key in ("prepared_manifest_sha256", "layer_ids", "dtype", "hidden_size"):
-                if old.get(key) != manifest.get(key):
+                if old.get(key) != self.new_manifest.get(key):
                     raise Eagle3InputError(f"{mpath} holds hidden states with {key} {old.get(key)!r}, this run needs "
-                                           f"{manifest.get(key)!r}: choose another train.hidden_states directory")
+                                           f"{self.new_manifest.get(key)!r}: choose another train.hidden_states "
+                                           f"directory")
             self.manifest = old
         else:
-            self.manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION,
-                             "status": "in_progress", "backend": "vllm", "written_by": "train (hybrid mode)",
-                             **manifest, "vllm": self.servers, "splits": {}, "created": now_iso(),
-                             "environment": environment()}
+            self.manifest = {**self.new_manifest, "created": now_iso()}
         self.split_dir.mkdir(parents=True, exist_ok=True)
         self.entries: list[dict] = (read_json(self.index_path, "hidden-state index").get("shards", [])
                                     if self.index_path.is_file() else [])
@@ -108,17 +116,24 @@ class HybridSource(OnlineSource):
                  "num_samples": self.num_samples, "num_tokens": sum(e["num_tokens"] for e in self.entries),
                  "num_shards": len(self.entries), "complete": stored >= self.num_samples, "shards": self.entries}
         write_json(self.index_path, index)
-        self.manifest["splits"][self.split] = {
-            "num_samples": stored, "num_tokens": index["num_tokens"], "num_shards": len(self.entries),
-            "bytes": sum(e["bytes"] for e in self.entries), "complete": index["complete"]}
-        splits = self.manifest["splits"].values()
-        self.manifest["status"] = "complete" if all(s["complete"] for s in splits) else "in_progress"
-        self.manifest["updated"] = now_iso()
-        write_json(self.dir / "manifest.json", self.manifest)
+        entry = {"num_samples": stored, "num_tokens": index["num_tokens"], "num_shards": len(self.entries),
+                 "bytes": sum(e["bytes"] for e in self.entries), "complete": index["complete"]}
+        with _MANIFEST_LOCK:  # the train and validation sources share the manifest (and may write concurrently)
+            mpath = self.dir / "manifest.json"
+            if mpath.is_file():
+                self.manifest = read_json(mpath, "hybrid hidden-states manifest")
+            self.manifest["splits"][self.split] = entry
+            splits = self.manifest["splits"].values()
+            self.manifest["status"] = "complete" if all(s["complete"] for s in splits) else "in_progress"
+            self.manifest["counts"] = {k: sum(s[src] for s in splits) for k, src in
+                                       (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
+            self.manifest["updated"] = now_iso()
+            write_json(mpath, self.manifest)
 
     def fetch(self, samples: Sequence[tuple[int, Sequence[int]]]) -> list[Features | None]:
         from eagle3_train.hidden_states.extract import ShardPlan, _write_shard
 
+        self._ready()
         out: dict[int, Features | None] = {}
         missing = [(k, s) for k, s in enumerate(samples) if s[0] not in self.reader]
         for k, (index, _) in enumerate(samples):
@@ -146,5 +161,6 @@ class HybridSource(OnlineSource):
         return {**super().identity(), "mode": "hybrid", "hidden_states": str(self.dir)}
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
         super().close()
