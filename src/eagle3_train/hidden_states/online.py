@@ -2,8 +2,9 @@
 
 `OnlineSource` asks the servers (`VLLMHiddenStates`: several endpoints share the requests, the client retries a slow
 or failing server with exponential backoff) for every sample it is given and keeps nothing. A sample that fails on
-its own (rejected, wrong length, NaN/Inf) is logged and skipped, counted in `skipped`; a server that stays down
-stops the run (`ServerUnavailable`; resume continues it). `HybridSource` does the same for samples it has not seen
+its own (rejected, too long, still failing after the retries while others of its fetch got through, NaN/Inf) is
+logged and skipped, counted in `skipped`; when no sample of a fetch gets through the servers are down and the run
+stops (`ServerUnavailable`; resume continues it). `HybridSource` does the same for samples it has not seen
 and stores what it fetched as ordinary extract shards (one shard per fetch, index.json and manifest.json as extract
 writes them), so from the second epoch on the states are read from disk and the directory can be reused by
 `train --hidden-states`.
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from eagle3_train.hidden_states.source import Features
-from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+from eagle3_train.hidden_states.vllm_backend import ServerUnavailable, VLLMHiddenStates
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.provenance import environment, now_iso
 
@@ -42,6 +43,9 @@ class OnlineSource:
 
     def fetch(self, samples: Sequence[tuple[int, Sequence[int]]]) -> list[Features | None]:
         results = self.client.run_each([list(ids) for _, ids in samples])
+        down = [r for r in results if isinstance(r, ServerUnavailable)]
+        if down and len(down) == len(results):  # nothing got through: the servers, not the samples, are failing
+            raise down[0]
         out: list[Features | None] = []
         for (index, _), r in zip(samples, results):
             if isinstance(r, Exception):

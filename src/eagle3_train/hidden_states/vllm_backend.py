@@ -162,16 +162,12 @@ class VLLMHiddenStates:
         return torch.cat([a for a, _ in parts]), torch.cat([f for _, f in parts])
 
     def run_each(self, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor] | Eagle3InputError]:
-        """Like `run_batch`, one result per sequence; a sample's own failure is returned in its place (the caller
-        skips it), while `ServerUnavailable` is raised."""
+        """Like `run_batch`, one result per sequence, a failure returned in its place (the caller decides: a
+        `ServerUnavailable` for every sample means the servers are down; otherwise those samples alone failed)."""
         if self.loop is None:
             self.open()
         assert self.loop is not None
-        results = self.loop.run_until_complete(self._run_all(seqs, keep_failures=True))
-        for r in results:
-            if isinstance(r, ServerUnavailable):
-                raise r
-        return results
+        return self.loop.run_until_complete(self._run_all(seqs, keep_failures=True))
 
     async def _run_all(self, seqs: Sequence[Sequence[int]], keep_failures: bool = False) -> list[Any]:
         gate = asyncio.Semaphore(self.concurrency)
@@ -181,7 +177,7 @@ class VLLMHiddenStates:
                 try:
                     return await self._one(list(seq))
                 except Eagle3InputError as e:
-                    if keep_failures and not isinstance(e, ServerUnavailable):
+                    if keep_failures:
                         return e
                     raise
 

@@ -179,6 +179,8 @@ class Trainer:
         the summed request and file-read seconds of the train split's server client."""
         client = getattr(self.train_data.source, "client", None)
         extra = {f"server_{k}": round(v, 3) for k, v in client.timing.items()} if client is not None else {}
+        if client is not None and client.pool is not None:
+            extra["server_retries"] = client.pool.retries
         return {**{k: round(v, 3) for k, v in self.timing.items()}, **extra}
 
     def source_record(self) -> dict[str, Any]:
