@@ -80,7 +80,7 @@ def test_online_training_matches_offline_on_states_from_the_same_server(stages, 
     source = meta["data"]["hidden_states_source"]
     assert meta["settings"]["hidden_states_mode"] == "online" and source["mode"] == "online"
     assert source["model"] == "tiny" and source["endpoints"] == [server.base_url] and source["vllm_version"]
-    assert source["skipped_samples"] == 0 and online["skipped_samples"] == 0
+    assert source["skipped_samples"] == 0 and online["skipped_samples"] == 0 and meta["data"]["hidden_states"] is None
     assert json.loads((tmp_path / "offline" / "training_metadata.json").read_text()
                       )["data"]["hidden_states_source"]["mode"] == "offline"
     timing = meta["run"]["timing"]
