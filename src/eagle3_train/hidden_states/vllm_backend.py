@@ -22,6 +22,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,11 @@ def read_and_remove(path: str) -> dict[str, Any]:
     return out
 
 
+class ServerUnavailable(Eagle3InputError):
+    """No endpoint answered after the client's retries with backoff (or the server refuses this model): no other
+    sample would fare better, so the run stops (and can be resumed) instead of skipping."""
+
+
 class VLLMHiddenStates:
     """Aux and final hidden states of token sequences, computed by vLLM hidden-state servers."""
 
@@ -105,6 +111,8 @@ class VLLMHiddenStates:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ChatPool | None = None
         self.server_dtype: str | None = None
+        # Summed over requests (they overlap): waiting on the server's answer, reading its file.
+        self.timing = {"request_s": 0.0, "read_s": 0.0}
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     def open(self) -> dict[str, Any]:
@@ -154,12 +162,25 @@ class VLLMHiddenStates:
         parts = self.loop.run_until_complete(self._run_all(seqs))
         return torch.cat([a for a, _ in parts]), torch.cat([f for _, f in parts])
 
-    async def _run_all(self, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def run_each(self, seqs: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor] | Eagle3InputError]:
+        """Like `run_batch`, one result per sequence, a failure returned in its place (the caller decides: a
+        `ServerUnavailable` for every sample means the servers are down; otherwise those samples alone failed)."""
+        if self.loop is None:
+            self.open()
+        assert self.loop is not None
+        return self.loop.run_until_complete(self._run_all(seqs, keep_failures=True))
+
+    async def _run_all(self, seqs: Sequence[Sequence[int]], keep_failures: bool = False) -> list[Any]:
         gate = asyncio.Semaphore(self.concurrency)
 
-        async def one(seq: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        async def one(seq: Sequence[int]) -> Any:
             async with gate:
-                return await self._one(list(seq))
+                try:
+                    return await self._one(list(seq))
+                except Eagle3InputError as e:
+                    if keep_failures:
+                        return e
+                    raise
 
         tasks = [asyncio.ensure_future(one(s)) for s in seqs]
         try:
@@ -172,19 +193,25 @@ class VLLMHiddenStates:
 
     async def _one(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.pool is not None
+        t0 = time.perf_counter()
         try:
             response, i = await self.pool.complete_tokens(ids, max_tokens=1, extra_body={"return_token_ids": True})
         except ContextTooLongError as e:
             raise Eagle3InputError(f"a sample of {len(ids)} tokens does not fit the server's context ({e}); start "
                                    f"the server with a larger --max-model-len (at least {len(ids) + 1})") from None
-        except (RequestRejected, FatalRequestError, EndpointUnavailable) as e:
+        except (FatalRequestError, EndpointUnavailable) as e:
+            raise ServerUnavailable(f"hidden-state request failed: {e}") from None
+        except RequestRejected as e:
             raise Eagle3InputError(f"hidden-state request failed: {e}") from None
         url = self.pool.endpoints[i].url
         path = (response.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise Eagle3InputError(f"{url} returned no kv_transfer_params.hidden_states_path: it is not a "
                                    f"hidden-state server ({SERVE_HINT})")
+        t1 = time.perf_counter()
         data = await asyncio.to_thread(read_and_remove, path)
+        self.timing["request_s"] += t1 - t0
+        self.timing["read_s"] += time.perf_counter() - t1
         echoed = (response.get("choices") or [{}])[0].get("prompt_token_ids")
         if echoed is not None and list(echoed) != ids:
             raise Eagle3InputError(f"{url} changed the prompt: it echoed {len(echoed)} token ids that differ from "

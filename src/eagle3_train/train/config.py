@@ -15,14 +15,32 @@ Loss = Literal["ce", "tv", "nla", "kl+tv", "kl+nla"]  # train/losses.py
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
     "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "overwrite", "stop_after",
-    "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run"})
+    "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run", "endpoint",
+    "served_model", "prefetch", "online_concurrency"})
 
 
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"
     prepared: str = setting("", "output directory of `eagle3-train prepare`", yaml=False)
-    hidden_states: str = setting("", "output directory of `eagle3-train extract`", yaml=False)
+    hidden_states: str = setting("", "output directory of `eagle3-train extract` (hybrid mode: where the first "
+                                     "epoch's states are written; default OUT/hidden_states)", yaml=False)
+    # where the hidden states come from
+    hidden_states_mode: Literal["offline", "online", "hybrid"] = setting(
+        "offline", "offline: read --hidden-states from disk; online: ask the hidden-state servers at --endpoint for "
+                   "every batch, write nothing; hybrid: ask them in the first epoch, store the states as an "
+                   "ordinary hidden-states dir and read that afterwards")
+    endpoint: list[str] = setting(default_factory=list, help="online/hybrid: hidden-state server URL ending in /v1 "
+                                  "(`eagle3-train serve --extract-hidden-states`); repeat to spread the load",
+                                  yaml=False)
+    served_model: str | None = setting(None, "online/hybrid: served model name (default: the only one served)",
+                                       yaml=False)
+    layer_ids: str | list[int] | None = setting(
+        None, "online/hybrid: the three aux layers 'low,mid,high' (default 2,L//2,L-3; offline: the extract's)")
+    hidden_states_dtype: Literal["bfloat16", "float16", "float32"] = setting(
+        "bfloat16", "online/hybrid: dtype the fetched states are rounded to (as extract stores them)")
+    prefetch: int = setting(2, "online/hybrid: batches requested ahead of use (at most this many wait in memory)")
+    online_concurrency: int = setting(8, "online/hybrid: requests in flight per rank over all endpoints")
     vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
     out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3_train.hidden_states.store import HiddenStatesReader
+from eagle3_train.hidden_states.source import HiddenStateSource, StoredSource
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -29,9 +29,12 @@ class Batch:
 
 
 class TrainingSamples:
-    """One split: prepared rows that have hidden states, addressable by position 0..n-1."""
+    """One split: prepared rows joined with the features of a hidden-state source, addressable by position 0..n-1.
 
-    def __init__(self, prepared_dir: str | Path, hidden_dir: str | Path, split: str):
+    `source` is a `HiddenStateSource` or an extract output directory (read through `StoredSource`).
+    """
+
+    def __init__(self, prepared_dir: str | Path, source: HiddenStateSource | str | Path, split: str):
         from datasets import load_from_disk
 
         ds_path = Path(prepared_dir) / "dataset"
@@ -40,11 +43,12 @@ class TrainingSamples:
         dsd = load_from_disk(str(ds_path))
         if split not in dsd:
             raise Eagle3InputError(f"prepared dataset {ds_path} has no '{split}' split (has {list(dsd)})")
-        self.reader = HiddenStatesReader(hidden_dir, split)
+        self.source: HiddenStateSource = StoredSource(source, split) if isinstance(source, (str, Path)) else source
         rows = dsd[split].select_columns(["input_ids", "loss_mask", "length"])
-        self.indices = list(self.reader.sample_indices)
+        available = self.source.sample_indices()
+        self.indices = list(range(len(rows))) if available is None else list(available)
         if self.indices and max(self.indices) >= len(rows):
-            raise Eagle3InputError(f"hidden states in {hidden_dir}/{split} reference sample {max(self.indices)} "
+            raise Eagle3InputError(f"hidden states of split '{split}' reference sample {max(self.indices)} "
                                    f"but the prepared split has {len(rows)} rows: they belong to other data")
         picked = rows.select(self.indices) if self.indices else rows.select([])
         self.input_ids = picked["input_ids"]
@@ -54,23 +58,63 @@ class TrainingSamples:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def batch(self, positions: list[int]) -> Batch:
-        L = max(self.lengths[p] for p in positions)
-        B = len(positions)
+    @property
+    def skipped(self) -> int:
+        return self.source.skipped
+
+    def batch(self, positions: list[int]) -> Batch | None:
+        """The padded batch of these positions; samples the source skipped are left out (None: all were)."""
+        feats = self.source.fetch([(self.indices[p], self.input_ids[p]) for p in positions])
+        kept = [(p, f) for p, f in zip(positions, feats) if f is not None]
+        if not kept:
+            return None
+        L = max(self.lengths[p] for p, _ in kept)
+        B = len(kept)
         ids = torch.zeros(B, L, dtype=torch.long)
         mask = torch.zeros(B, L, dtype=torch.bool)
-        aux = final = None
-        for b, p in enumerate(positions):
+        aux = torch.zeros(B, L, kept[0][1]["aux"].shape[-1], dtype=kept[0][1]["aux"].dtype)
+        final = torch.zeros(B, L, kept[0][1]["final"].shape[-1], dtype=kept[0][1]["final"].dtype)
+        for b, (p, hs) in enumerate(kept):
             n = self.lengths[p]
-            hs = self.reader.load(self.indices[p])
             if hs["aux"].shape[0] != n:
                 raise Eagle3InputError(f"sample {self.indices[p]}: {hs['aux'].shape[0]} hidden-state rows but "
                                        f"{n} tokens in the prepared data")
-            if aux is None:
-                aux = torch.zeros(B, L, hs["aux"].shape[-1], dtype=hs["aux"].dtype)
-                final = torch.zeros(B, L, hs["final"].shape[-1], dtype=hs["final"].dtype)
             ids[b, :n] = torch.tensor(self.input_ids[p])
             mask[b, :n] = torch.tensor(self.loss_mask[p], dtype=torch.bool)
             aux[b, :n] = hs["aux"]
             final[b, :n] = hs["final"]
-        return Batch(ids, mask, aux, final, torch.tensor([self.lengths[p] for p in positions]))
+        return Batch(ids, mask, aux, final, torch.tensor([self.lengths[p] for p, _ in kept]))
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def open_samples(cfg, inputs, split: str) -> TrainingSamples:
+    """A split of the run's data with the hidden-state source its settings choose (offline, online or hybrid)."""
+    mode = cfg.hidden_states_mode
+    if mode == "offline":
+        return TrainingSamples(cfg.prepared, cfg.hidden_states, split)
+    from eagle3_train.hidden_states.online import HybridSource, OnlineSource
+
+    dtype = getattr(torch, cfg.hidden_states_dtype)
+    online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier_dir, layer_ids=inputs.layer_ids, dtype=dtype,
+                  model=cfg.served_model, concurrency=cfg.online_concurrency)
+    if mode == "online":
+        return TrainingSamples(cfg.prepared, OnlineSource(split, **online), split)
+    if mode != "hybrid":
+        raise Eagle3InputError(f"train.hidden_states_mode must be offline, online or hybrid, got {mode!r}")
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(Path(cfg.prepared) / "dataset"))
+    if split not in ds:
+        raise Eagle3InputError(f"prepared dataset {cfg.prepared}/dataset has no '{split}' split (has {list(ds)})")
+    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    hidden = int(text["hidden_size"])
+    manifest = {"verifier": inputs.verifier_identity, "verifier_name": inputs.verifier_name,
+                "layer_ids": list(inputs.layer_ids), "dtype": cfg.hidden_states_dtype, "hidden_size": hidden,
+                "num_layers": int(text["num_hidden_layers"]),
+                "prepared_manifest_sha256": inputs.prepared_manifest_sha256,
+                "prepared_dir": str(Path(cfg.prepared).resolve()), "aux_width": len(inputs.layer_ids) * hidden,
+                "bytes_per_token": 4 * hidden * torch.empty((), dtype=dtype).element_size()}
+    source = HybridSource(split, inputs.hidden_dir, manifest, len(ds[split]), **online)
+    return TrainingSamples(cfg.prepared, source, split)

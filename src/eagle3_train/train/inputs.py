@@ -60,7 +60,8 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
     from eagle3_train.vocab.build import load_vocab
 
-    for name in ("prepared", "hidden_states", "vocab"):
+    needed = ("prepared", "hidden_states", "vocab") if cfg.hidden_states_mode == "offline" else ("prepared", "vocab")
+    for name in needed:
         if not getattr(cfg, name):
             raise Eagle3InputError(f"train.{name} is required (the output directory of that stage)")
     prepared = Path(cfg.prepared)
@@ -68,6 +69,9 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     prepared_manifest = read_json(pm_path, "prepared data manifest")
     prepared_sha = sha256_file(pm_path)
 
+    mode = getattr(cfg, "hidden_states_mode", "offline")
+    if mode != "offline":
+        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, load_vocab)
     hidden = Path(cfg.hidden_states)
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
@@ -111,3 +115,33 @@ def _without_hashes(identity: dict[str, Any]) -> dict[str, Any]:
     """Compare by sizes when the recorded identity has hashes but we only computed sizes (hashing is slow)."""
     weights = {k: {"bytes": v["bytes"]} for k, v in identity.get("weights", {}).items()}
     return {**identity, "weights": weights}
+
+
+def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str, load_vocab) -> RunInputs:
+    """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
+    prepared data (the servers' identity is checked and recorded when the source opens)."""
+    from eagle3_train.assets.verifier import recorded_name, required_verifier
+    from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+
+    if not cfg.endpoint:
+        raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
+                               f"started with `eagle3-train serve --extract-hidden-states`)")
+    verifier_name = required_verifier(cfg.verifier, recorded_name(prepared_manifest.get("verifier")),
+                                      f"the prepared data {prepared}")
+    verifier_dir = resolve_verifier(verifier_name)
+    identity = {"name": str(verifier_name), **verifier_identity(verifier_dir, hash_weights=False)}
+    embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    text = vcfg.get("text_config", vcfg)
+    layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]))
+    vpath = vocab_file(cfg.vocab)
+    d2t, t2d = load_vocab(vpath)
+    if t2d.shape[0] != text["vocab_size"]:
+        raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
+                               f"vocab_size is {text['vocab_size']}")
+    hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
+        else Path("")
+    manifest = {"layer_ids": list(layer_ids), "dtype": cfg.hidden_states_dtype, "mode": cfg.hidden_states_mode}
+    # No manifest hash: online states are not stored, hybrid ones are still being written (resume checks the
+    # prepared data, vocab and settings).
+    return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, manifest, "", vpath, sha256_file(vpath),
+                     d2t, t2d, str(verifier_name), verifier_dir, identity, vcfg, embed, lm_head, tuple(layer_ids))

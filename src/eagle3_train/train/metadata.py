@@ -12,7 +12,8 @@ VERSION = 1
 
 
 def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,
-                   status: str, progress: dict[str, Any], metrics: dict[str, Any]) -> dict[str, Any]:
+                   status: str, progress: dict[str, Any], metrics: dict[str, Any],
+                   source: dict[str, Any] | None = None) -> dict[str, Any]:
     pm = inputs.prepared_manifest
     return {
         "format": FORMAT,
@@ -26,10 +27,12 @@ def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any],
             "prepared_manifest_sha256": inputs.prepared_manifest_sha256,
             "source": pm.get("source"),
             "counts": pm.get("counts"),
-            "hidden_states": str(inputs.hidden_dir),
+            "hidden_states": None if inputs.hidden_manifest.get("mode") == "online" else str(inputs.hidden_dir),
             "hidden_states_manifest_sha256": inputs.hidden_manifest_sha256,
             "layer_ids": list(inputs.layer_ids),
             "hidden_states_dtype": inputs.hidden_manifest.get("dtype"),
+            # mode (offline/online/hybrid), the servers' identity when served, samples skipped
+            "hidden_states_source": source or {"mode": "offline"},
         },
         "verifier": inputs.verifier_identity,
         "vocab": _vocab_record(inputs, draft_config, init),

@@ -23,7 +23,7 @@ from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train import checkpoint as ckpt
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.data import TrainingSamples
+from eagle3_train.train.data import TrainingSamples, open_samples
 from eagle3_train.train.distributed import (
     DistInfo,
     all_reduce_gradients,
@@ -36,6 +36,7 @@ from eagle3_train.train.distributed import (
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
+from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.config import load_yaml
@@ -140,11 +141,16 @@ class Trainer:
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.train_data = TrainingSamples(cfg.prepared, cfg.hidden_states, "train")
+        if cfg.hidden_states_mode == "hybrid" and self.info.world_size > 1:
+            raise Eagle3InputError("train.hidden_states_mode hybrid runs in one process (its first epoch writes one "
+                                   "shard directory); use online mode under torchrun, or hybrid without it")
+        if cfg.prefetch < 0:
+            raise Eagle3InputError(f"train.prefetch must be >= 0, got {cfg.prefetch}")
+        self.train_data = open_samples(cfg, self.inputs, "train")
         if len(self.train_data) == 0:
             raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
         try:
-            self.val_data: TrainingSamples | None = TrainingSamples(cfg.prepared, cfg.hidden_states, "validation")
+            self.val_data: TrainingSamples | None = open_samples(cfg, self.inputs, "validation")
             if len(self.val_data) == 0:
                 self.val_data = None
         except Eagle3InputError as e:
@@ -168,6 +174,8 @@ class Trainer:
         self.started = now_iso()
         self.writer = None
         self.last_save = time.monotonic()
+        self.skipped_before = 0  # samples the source skipped in earlier invocations (resume)
+        self.timing = {"fetch_wait_s": 0.0, "train_s": 0.0}  # this invocation: waiting on the source, computing
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
     def metadata(self, status: str) -> dict[str, Any]:
@@ -175,13 +183,31 @@ class Trainer:
                               started=self.started, status=status,
                               progress={"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
                                         "tokens": self.tokens_seen},
-                              metrics={"train": self.last_train, "validation": self.last_val, "best": self.best})
+                              metrics={"train": self.last_train, "validation": self.last_val, "best": self.best},
+                              source=self.source_record())
+
+    def skipped_samples(self) -> int:
+        return self.skipped_before + self.train_data.skipped + (self.val_data.skipped if self.val_data else 0)
+
+    def timing_record(self) -> dict[str, float]:
+        """Where this invocation's time went: training compute, the loop waiting on the source, and (online/hybrid)
+        the summed request and file-read seconds of the train split's server client."""
+        client = getattr(self.train_data.source, "client", None)
+        extra = {f"server_{k}": round(v, 3) for k, v in client.timing.items()} if client is not None else {}
+        if client is not None and client.pool is not None:
+            extra["server_retries"] = client.pool.retries
+        return {**{k: round(v, 3) for k, v in self.timing.items()}, **extra}
+
+    def source_record(self) -> dict[str, Any]:
+        """Where the hidden states came from (mode, servers) and how many samples were skipped."""
+        return {**self.train_data.source.identity(), "skipped_samples": self.skipped_samples()}
 
     def training_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
-                "last_val": self.last_val, "last_train": self.last_train, "started": self.started}
+                "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
+                "skipped_samples": self.skipped_samples()}
 
     def save(self, reason: str) -> None:
         if self.info.is_main:
@@ -230,6 +256,7 @@ class Trainer:
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
+        self.skipped_before = int(state.get("skipped_samples", 0))
         self.init_record = prev.get("init", self.init_record)
         self._truncate_metrics(self.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
@@ -262,11 +289,17 @@ class Trainer:
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
                                checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix)
 
-    def train_step(self, micro: list[list[int]]) -> tuple[StepSums, int]:
-        """One optimizer step over this rank's share of `micro` (all ranks see the same list)."""
-        cfg = self.cfg
+    def rank_batches(self, micro: list[list[int]]) -> list:
+        """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
         mine = micro[self.info.rank::self.info.world_size]
-        batches = [self.train_data.batch(b) for b in mine]
+        return [b for b in (self.train_data.batch(m) for m in mine) if b is not None]
+
+    def train_step(self, micro: list[list[int]], batches: list | None = None) -> tuple[StepSums, int]:
+        """One optimizer step over this rank's share of `micro` (all ranks see the same list); `batches`: that
+        share already fetched."""
+        cfg = self.cfg
+        if batches is None:
+            batches = self.rank_batches(micro)
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
             denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
@@ -303,7 +336,10 @@ class Trainer:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
         for b in plan[self.info.rank::self.info.world_size]:
-            batch = data.batch(b).to(self.device, torch.float32)
+            batch = data.batch(b)
+            if batch is None:  # every sample skipped by the source (counted there)
+                continue
+            batch = batch.to(self.device, torch.float32)
             denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
             sums.add(s)
@@ -370,49 +406,81 @@ class Trainer:
                 raise Eagle3InputError(f"{len(plan)} batches per epoch cannot feed grad_accum x world size = "
                                        f"{self.micro_per_step} micro-batches per step: lower train.token_budget "
                                        f"or train.grad_accum, or add data")
-            while self.batch_in_epoch + self.micro_per_step <= usable and self.step < stop_at:
-                micro = plan[self.batch_in_epoch:self.batch_in_epoch + self.micro_per_step]
-                sums, tokens = self.train_step(micro)
-                self.batch_in_epoch += self.micro_per_step
-                self.step += 1
-                self.tokens_seen += tokens
-                window.add(sums.values)
-                rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                    summary = window.summary()
-                    self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate,
-                                       "grad_norm": self.grad_norm}
-                    self.log_metrics("train", self.last_train)
-                    bar.set_postfix(loss=f"{summary['loss']:.3f}", acc0=f"{summary['acc_0']:.3f}",
-                                    tok_s=f"{rate:.0f}")
-                    window = StepSums(cfg.ttt_steps)
-                if self.step % eval_every == 0 and self.step < self.total_steps:
-                    self._validate()
-                if cfg.save_every and self.step % cfg.save_every == 0:
-                    self.save("periodic")
-                elif self.step < stop_at and self.checkpoint_due():
-                    self.save(f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
+            mps = self.micro_per_step
+            # Online/hybrid: the next steps' hidden states are requested while this one trains.
+            steps = [plan[i:i + mps] for i in range(self.batch_in_epoch, usable - mps + 1, mps)]
+            feed = Prefetcher(lambda micro: (micro, self.rank_batches(micro)), steps,
+                              cfg.prefetch if cfg.hidden_states_mode != "offline" else 0)
+            try:
+                while self.batch_in_epoch + mps <= usable and self.step < stop_at:
+                    window = self._one_step(feed, window, t0, tok0, bar, eval_every, stop_at)
+            finally:
+                self.timing["fetch_wait_s"] += feed.wait_s
+                feed.close()
             if self.batch_in_epoch + self.micro_per_step > usable:  # epoch finished
                 self.epoch += 1
                 self.batch_in_epoch = 0
                 if self.step < self.total_steps:
                     self.save("end of epoch")
         bar.close()
+        return self._finish(t0, tok0)
+
+    def _one_step(self, feed: Prefetcher, window: StepSums, t0: float, tok0: int, bar, eval_every: int,
+                  stop_at: int) -> StepSums:
+        """Train on the next fetched step; log, validate and save on schedule. Returns the metrics window."""
+        cfg = self.cfg
+        micro, batches = next(feed)
+        t_train = time.perf_counter()
+        sums, tokens = self.train_step(micro, batches)
+        self.timing["train_s"] += time.perf_counter() - t_train
+        self.batch_in_epoch += self.micro_per_step
+        self.step += 1
+        self.tokens_seen += tokens
+        window.add(sums.values)
+        rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
+        bar.update(1)
+        if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+            summary = window.summary()
+            self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate,
+                               "grad_norm": self.grad_norm, "skipped_samples": self.skipped_samples()}
+            self.log_metrics("train", self.last_train)
+            bar.set_postfix(loss=f"{summary['loss']:.3f}", acc0=f"{summary['acc_0']:.3f}",
+                            tok_s=f"{rate:.0f}")
+            window = StepSums(cfg.ttt_steps)
+        if self.step % eval_every == 0 and self.step < self.total_steps:
+            self._validate()
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self.save("periodic")
+        elif self.step < stop_at and self.checkpoint_due():
+            self.save(f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
+        return window
+
+    def _finish(self, t0: float, tok0: int) -> dict[str, Any]:
+        try:
+            return self._finish_run(t0, tok0)
+        finally:
+            for data in (self.train_data, self.val_data):
+                if data is not None:
+                    data.close()
+
+    def _finish_run(self, t0: float, tok0: int) -> dict[str, Any]:
         if self.step < self.total_steps:  # stopped early on request: checkpoint and leave
             self.save("stop_after")
             destroy(self.info)
             return {"out": str(self.out), "step": self.step, "stopped": True, "tokens_per_s": 0.0,
-                    "train": self.last_train, "validation": self.last_val, "best": self.best}
+                    "train": self.last_train, "validation": self.last_val, "best": self.best,
+                    "skipped_samples": self.skipped_samples(), "timing": self.timing_record()}
         self._validate()
         self.save("end of training")
         train_rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
         result = {"out": str(self.out), "step": self.step, "train": self.last_train, "validation": self.last_val,
-                  "best": self.best, "tokens_per_s": train_rate,
+                  "best": self.best, "tokens_per_s": train_rate, "skipped_samples": self.skipped_samples(),
+                  "timing": self.timing_record(),
                   "final_checkpoint": str(self.out / "checkpoints" / f"step-{self.step:07d}")}
         if self.info.is_main:
             meta = self.metadata("finished")
             meta["run"]["tokens_per_s"] = train_rate
+            meta["run"]["timing"] = result["timing"]
             write_json(self.out / "training_metadata.json", meta)
             ckpt.save_checkpoint(self.out / "final", self.model, None, meta)
             result["final"] = str(self.out / "final")

@@ -1,0 +1,69 @@
+"""Where training and evaluation get hidden states: one small protocol, so the trainer never knows the source.
+
+A source serves one split's features sample by sample: for a row of the prepared split (its index and token ids) the
+aux states [T, 3H] and the final state [T, H] (after the verifier's final norm, as our format defines), or None when
+the sample could not be had (the source counts and reports it; the caller skips it). Token ids are passed in because
+a serving engine computes the states from them; the shard store only checks their count.
+
+Implementations: `StoredSource` (shards written by `extract`); the vLLM-backed ones in `hidden_states/online.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypedDict
+
+import torch
+
+from eagle3_train.hidden_states.store import HiddenStatesReader
+from eagle3_train.utils.io import Eagle3InputError
+
+
+class Features(TypedDict):
+    aux: torch.Tensor  # [T, 3H]
+    final: torch.Tensor  # [T, H], post-norm
+
+
+class HiddenStateSource(Protocol):
+    split: str
+    skipped: int  # samples that could not be had (reported and left out of their batch)
+
+    def sample_indices(self) -> list[int] | None:
+        """Rows of the prepared split this source can serve (None: any row)."""
+
+    def fetch(self, samples: Sequence[tuple[int, Sequence[int]]]) -> list[Features | None]:
+        """Features of each (row index, token ids), in order; None for a sample that is skipped."""
+
+    def identity(self) -> dict[str, Any]:
+        """What produced the features, for the training metadata."""
+
+    def close(self) -> None: ...
+
+
+class StoredSource:
+    """Hidden states stored by `extract` (or by a hybrid run's first epoch)."""
+
+    def __init__(self, hidden_dir: str | Path, split: str) -> None:
+        self.split = split
+        self.reader = HiddenStatesReader(hidden_dir, split)
+        self.skipped = 0
+
+    def sample_indices(self) -> list[int] | None:
+        return list(self.reader.sample_indices)
+
+    def fetch(self, samples: Sequence[tuple[int, Sequence[int]]]) -> list[Features | None]:
+        out: list[Features | None] = []
+        for index, ids in samples:
+            hs = self.reader.load(index)
+            if hs["aux"].shape[0] != len(ids):
+                raise Eagle3InputError(f"sample {index} (split '{self.split}'): {hs['aux'].shape[0]} hidden-state "
+                                       f"rows in {self.reader.dir} but {len(ids)} tokens in the prepared data")
+            out.append(Features(aux=hs["aux"], final=hs["final"]))
+        return out
+
+    def identity(self) -> dict[str, Any]:
+        return {"mode": "offline", "hidden_states": str(self.reader.dir)}
+
+    def close(self) -> None:
+        self.reader.close()
