@@ -93,7 +93,7 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     state_file = tmp_path / "run" / "pipeline_state.json"
 
     def finished() -> dict[str, str]:
-        return {k: v["finished"] for k, v in json.loads(state_file.read_text())["stages"].items()}
+        return {k: v["finished_ns"] for k, v in json.loads(state_file.read_text())["stages"].items()}
 
     Pipeline(config).run()
     first = finished()
@@ -101,7 +101,7 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     data.write_text("\n".join(rows[:4]) + "\n")  # the same path, edited in place
     Pipeline(config).run()
     second = finished()
-    assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "export-eagle"))
+    assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "export-eagle")), (first, second)
     m = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())
     assert m["counts"]["conversations_read"] == 4 < kept
     # The verifier's weights rewritten in place (same path, same config): every stage that reads it reruns.
@@ -109,7 +109,7 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     weights.write_bytes(weights.read_bytes())
     Pipeline(config).run()
     third = finished()
-    assert all(third[s] > second[s] for s in ("prepare", "extract", "train"))
+    assert all(third[s] > second[s] for s in ("prepare", "extract", "train")), (second, third)
 
 
 def test_on_policy_generation_never_silently_becomes_off_policy(tmp_path, tiny_llama_dir, monkeypatch):

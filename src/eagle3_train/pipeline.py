@@ -73,10 +73,14 @@ class Pipeline:
         if not (rec and rec["settings_sha256"] == sha256_json(settings) and output.exists()):
             return False
         # Same settings but an upstream stage ran again since: the output was made from other inputs.
-        return all(self.state["stages"].get(up, {}).get("finished", "") <= rec["finished"] for up in after)
+        # Nanoseconds: fast stages finish within the same second (older state files: the ISO time).
+        def when(r: dict[str, Any]) -> tuple[int, str]:
+            return r.get("finished_ns", 0), r.get("finished", "")
+        return all(when(self.state["stages"].get(up, {})) <= when(rec) for up in after)
 
     def _record(self, stage: str, settings: dict[str, Any], seconds: float, result: Any = None) -> None:
         self.state["stages"][stage] = {"settings_sha256": sha256_json(settings), "finished": now_iso(),
+                                       "finished_ns": time.time_ns(),
                                        "seconds": round(seconds, 1), "result": result}
         write_json(self.state_path, self.state)
 

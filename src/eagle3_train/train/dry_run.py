@@ -229,7 +229,7 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
             continue
         if split == "train" and len(data) == 0:
             raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
-        reader = data.reader
+        reader = data.source.reader  # a StoredSource: the dry run checks stored shards
         widths = set()
         for entry in reader.index.get("shards", []):
             from safetensors import safe_open
