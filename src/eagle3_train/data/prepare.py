@@ -110,7 +110,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
     conversations, info = load_conversations(source, limit=limit)  # bad paths fail before the tokenizer loads
-    verifier_dir = resolve_verifier(verifier)
+    verifier_dir = resolve_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
     tokenizer = AutoTokenizer.from_pretrained(verifier_dir)
     try:
         masker = ChatMasker(tokenizer, template)

@@ -324,7 +324,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
             disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
-            vllm_options: dict[str, Any] | None = None) -> dict:
+            vllm_options: dict[str, Any] | None = None, hash_weights: bool = _D.hash_weights) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -386,7 +386,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
 
     settings = {
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=backend == "hf")},
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
         "backend": backend,
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
@@ -567,7 +567,7 @@ def main(args: argparse.Namespace) -> int:
     manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
-                       backend=s.backend, endpoints=s.endpoint,
+                       backend=s.backend, endpoints=s.endpoint, hash_weights=s.hash_weights,
                        vllm_options={"model": s.model, "concurrency": s.concurrency})
     c, tp = manifest["counts"], manifest.get("throughput") or {}
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {s.out} "
