@@ -16,6 +16,7 @@ from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.settings import markdown_table, setting
 
 Dtype = Literal["bfloat16", "float16", "float32"]
+StoreDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]  # float8_e4m3: hidden_states/fp8.py
 ServerDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: float32 on CPU, bfloat16 on CUDA
 Overflow = Literal["truncate", "drop"]
 Reasoning = Literal["keep", "strip", "disable"]
@@ -131,8 +132,9 @@ class ExtractSettings:
     out: str = setting("", "directory for the hidden-state shards (rerun to resume)", required=True, yaml=False)
     layer_ids: str | list[int] | None = setting(
         None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
-    dtype: Dtype = setting("bfloat16", "storage dtype of the hidden states", flag="--store-dtype",
-                           aliases=("--dtype",))
+    dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
+                                            "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
+                                flag="--store-dtype", aliases=("--dtype",))
     compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default float32 on CPU, bfloat16 on "
                                                 "CUDA)")
     token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass")

@@ -43,7 +43,7 @@ from eagle3_train.assets.verifier import (
     verifier_identity,
 )
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
-from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings
+from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
@@ -52,6 +52,7 @@ from eagle3_train.utils.settings import add_settings_arguments, settings_from_ar
 log = logging.getLogger(__name__)
 
 DTYPES = typing.get_args(Dtype)
+STORE_DTYPES = typing.get_args(StoreDtype)
 FORMAT = "eagle3-train-hidden-states"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
@@ -121,6 +122,21 @@ def _torch_dtype(name: str):
     if name not in DTYPES:
         raise Eagle3InputError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return getattr(torch, name)
+
+
+def _store_dtypes(name: str):
+    """(dtype the states are collected in, bytes per element on disk) for a store dtype; fp8 shards are
+    collected in bfloat16 and quantized per row when written (`fp8.encode_rows`)."""
+    import torch
+
+    from eagle3_train.hidden_states import fp8
+
+    if name not in STORE_DTYPES:
+        raise Eagle3InputError(f"store dtype must be one of {', '.join(STORE_DTYPES)}, got {name!r}")
+    if name == fp8.STORE_NAME:
+        return torch.bfloat16, 1
+    dtype = getattr(torch, name)
+    return dtype, torch.empty((), dtype=dtype).element_size()
 
 
 def resolve_device(device: str | None) -> str:
@@ -303,11 +319,16 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
     import torch
     from safetensors.torch import save_file
 
+    from eagle3_train.hidden_states import fp8
+
     offsets = [0]
     for n in plan.lengths:
         offsets.append(offsets[-1] + n)
     tensors = {"aux": aux, "final": final, "sample_index": torch.tensor(plan.rows, dtype=torch.int64),
                "offsets": torch.tensor(offsets, dtype=torch.int64)}
+    if metadata.get("dtype") == fp8.STORE_NAME:  # one scale per token row and layer
+        for name, groups in (("aux", aux.shape[1] // final.shape[1]), ("final", 1)):
+            tensors[name], tensors[name + fp8.SCALE_SUFFIX] = fp8.encode_rows(tensors[name], groups)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
         digest, size = sha256_file(tmp), tmp.stat().st_size
@@ -348,7 +369,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     if backend == "vllm" and not endpoints:
         raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
                                "`eagle3-train serve --extract-hidden-states`)")
-    store_dtype = _torch_dtype(dtype)
+    store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
@@ -364,7 +385,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         device = resolve_device(device)
         compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
         compute_torch_dtype = _torch_dtype(compute_dtype)
-    bytes_per_token = 4 * hidden * torch.empty((), dtype=store_dtype).element_size()
+    bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
     if shard_tokens < 1:
@@ -457,6 +478,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
     }
+    if store_bytes == 1:
+        manifest["fp8_scales"] = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale "
+                                  "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
     if backend == "vllm":
         manifest["vllm"] = (old_manifest or {}).get("vllm")
     for split in (old_manifest or {}).get("splits", {}):

@@ -2,6 +2,7 @@
 
 Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
 `.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`.
+fp8 shards (extract --store-dtype float8_e4m3) are decoded to bfloat16 on load (`_rows`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def check_compatible(hidden: str | Path | dict, prepared_dir: str | Path, verifi
         raise Eagle3InputError(f"{where} are incomplete (status {manifest.get('status')!r}); rerun the same "
                                f"`eagle3-train extract` command to finish them")
     return manifest
+
+
+def _rows(handle: Any, name: str, start: int, end: int):
+    """Rows [start, end) of a shard tensor; fp8 tensors (stored with a `NAME_scale` tensor) decoded to bfloat16."""
+    from eagle3_train.hidden_states import fp8
+
+    rows = handle.get_slice(name)[start:end]
+    if rows.dtype != fp8.FP8:
+        return rows
+    return fp8.decode_rows(rows, handle.get_slice(name + fp8.SCALE_SUFFIX)[start:end])
 
 
 class HiddenStatesReader:
@@ -138,10 +149,11 @@ class HiddenStatesReader:
         return handle
 
     def load(self, sample_index: int) -> dict:
-        """{"aux": [L, 3H], "final": [L, H]} in the stored dtype for one sample (row of the prepared split)."""
+        """{"aux": [L, 3H], "final": [L, H]} in the stored dtype (fp8: bfloat16) for one sample (row of the prepared
+        split)."""
         pos, start, end = self._locate(sample_index)
         handle = self._handle(pos)
-        return {"aux": handle.get_slice("aux")[start:end], "final": handle.get_slice("final")[start:end]}
+        return {"aux": _rows(handle, "aux", start, end), "final": _rows(handle, "final", start, end)}
 
     def verify(self) -> None:
         """Check every listed shard's SHA-256 against index.json (reads all the data)."""
