@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with pinned dependencies, the package (editable) and the embedded assets. Idempotent.
-# Usage: scripts/setup.sh [--dev] [--vllm]   (--vllm also creates .venv-vllm with the vLLM CPU build)
+# Usage: scripts/setup.sh [--dev] [--vllm]   (--vllm: scripts/setup_vllm.sh, the vLLM CPU build on hosts without a CUDA GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

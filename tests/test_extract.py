@@ -103,7 +103,7 @@ def mixed_prepared(tmp_path_factory) -> Path:
 def fp32_run(tmp_path_factory, tiny_llama, mixed_prepared) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("hs") / "fp32"
     manifest = extract(mixed_prepared, tiny_llama, out, layer_ids=(0, 2, 3), dtype="float32", device="cpu",
-                       token_budget=64, shard_tokens=60)
+                       token_budget=64, shard_tokens=60, hash_weights=True)  # tells same-shape weights apart
     return out, manifest
 
 
@@ -177,7 +177,7 @@ def test_shard_files_index_and_manifest_agree(fp32_run, mixed_prepared, tiny_lla
     assert manifest["prepared_manifest_sha256"] == sha256_file(mixed_prepared / "manifest.json")
     assert manifest["verifier"]["path"] == str(tiny_llama.resolve())
     assert manifest["verifier"]["weights"]["model.safetensors"]["sha256"] == sha256_file(
-        tiny_llama / "model.safetensors")
+        tiny_llama / "model.safetensors")  # hash_weights=True; by default sizes only (test_server_options)
     total_bytes = 0
     for split, lens in MIXED.items():
         index = json.loads((out / split / "index.json").read_text())
@@ -313,7 +313,8 @@ def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_
 @pytest.mark.slow
 def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_prepared):
     out = tmp_path / "hs"
-    kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)
+    # hash_weights: the other verifier below has the same config and file sizes (by default sizes identify it)
+    kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60, hash_weights=True)
     first = extract(mixed_prepared, tiny_llama, out, **kw)
     stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*/shard-*.safetensors")}
     again = extract(mixed_prepared, tiny_llama, out, **kw)

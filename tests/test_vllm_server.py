@@ -25,7 +25,7 @@ def test_speculative_config_and_command(tmp_path):
         vs.speculative_config(draft, 0)
 
     server = vs.VLLMServer("/models/x", port=1234, served_model_name="x", speculative=spec, enforce_eager=True,
-                           python=sys.executable)
+                           python=sys.executable, device="cpu")
     cmd = server.command()
     assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert cmd[cmd.index("--model") + 1] == "/models/x" and cmd[cmd.index("--port") + 1] == "1234"

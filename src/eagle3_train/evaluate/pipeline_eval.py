@@ -23,16 +23,17 @@ _D = EvaluateSettings  # keyword defaults below are the settings dataclass's
 
 def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = _D.k,
                       fmt: str = "eagle", max_tokens: int = _D.max_tokens, concurrency: int = _D.concurrency,
-                      baseline: bool = _D.baseline, log_dir: str | Path | None = None, enforce_eager: bool = True,
-                      trust_remote_code: bool = False) -> dict[str, Any]:
-    """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check)."""
+                      baseline: bool = _D.baseline, log_dir: str | Path | None = None,
+                      serving: dict[str, Any] | None = None, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check).
+    `serving`: ServingSettings values (dtype, enforce_eager, max_model_len, vllm_args; auto by device)."""
     log_dir = Path(log_dir) if log_dir else None
+    # a few hundred prompts: on CPU, eager start-up pays off
+    opts = {"startup_matters": True, "trust_remote_code": trust_remote_code, **(serving or {})}
     if fmt == "speculators":  # the speculators config names the verifier: `vllm serve DRAFT` alone
-        server = VLLMServer(draft_dir, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
-                            log_path=log_dir / "vllm-speculators.log" if log_dir else None)
+        server = VLLMServer(draft_dir, log_path=log_dir / "vllm-speculators.log" if log_dir else None, **opts)
     else:
-        server = VLLMServer(verifier_dir, speculative=speculative_config(draft_dir, k), enforce_eager=enforce_eager,
-                            trust_remote_code=trust_remote_code,
+        server = VLLMServer(verifier_dir, speculative=speculative_config(draft_dir, k), **opts,
                             log_path=log_dir / f"vllm-{fmt}.log" if log_dir else None)
     with server:
         result = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=max_tokens,
@@ -40,8 +41,7 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
         result["startup_s"] = server.startup_s
     result.update({"format": fmt, "draft": str(draft_dir), "k": k})
     if baseline:
-        with VLLMServer(verifier_dir, enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
-                        log_path=log_dir / "vllm-baseline.log" if log_dir else None) as base:
+        with VLLMServer(verifier_dir, log_path=log_dir / "vllm-baseline.log" if log_dir else None, **opts) as base:
             plain = evaluate_served(base.base_url, base.model_name, prompts, max_tokens=max_tokens,
                                     concurrency=concurrency)
         result["baseline"] = {k_: plain[k_] for k_ in ("tokens_per_s", "generated_tokens", "wall_s") if k_ in plain}
@@ -66,7 +66,8 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
                       offline: bool = _D.offline, benchmark: str = _D.benchmark, num_prompts: int = _D.num_prompts,
                       turns: int = _D.turns, max_tokens: int = _D.max_tokens, k: int = _D.k,
                       concurrency: int = _D.concurrency, baseline: bool = _D.baseline,
-                      offline_prompts: int = _D.offline_prompts, trust_remote_code: bool = False) -> dict[str, Any]:
+                      offline_prompts: int = _D.offline_prompts, serving: dict[str, Any] | None = None,
+                      trust_remote_code: bool = False) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
     results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
@@ -76,7 +77,7 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
             for fmt, draft in exports.items():
                 r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
                                       concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir,
-                                      trust_remote_code=trust_remote_code)
+                                      serving=serving, trust_remote_code=trust_remote_code)
                 write_json(out_dir / f"vllm-{fmt}.json", r)
                 results[f"vllm_{fmt}"] = acceptance_summary(r)
         elif vllm == "auto":

@@ -38,7 +38,10 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, sk
 
 
 def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
-                                trust_remote_code: bool = False) -> dict[str, Any]:
+                                serving: dict[str, Any] | None = None, trust_remote_code: bool = False
+                                ) -> dict[str, Any]:
+    """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
+    regenerate the assistant turns of `source` into `out_dir`."""
     from eagle3_train.generate.regenerate import regenerate
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
@@ -51,8 +54,11 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
         source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns),
                                bool(s.get("skip_bad_records", False))))
     out_dir.mkdir(parents=True, exist_ok=True)
-    with VLLMServer(verifier_dir, enforce_eager=True, log_path=out_dir / "vllm.log",
-                    max_model_len=int(s.pop("max_model_len", GenerateSettings.max_model_len)),
-                    trust_remote_code=trust_remote_code) as server:
+    # a pipeline stage: on CPU, eager start-up pays off
+    opts = {"startup_matters": True, "trust_remote_code": trust_remote_code, **(serving or {})}
+    max_model_len = s.pop("max_model_len", GenerateSettings.max_model_len)
+    if max_model_len:
+        opts["max_model_len"] = int(max_model_len)
+    with VLLMServer(verifier_dir, log_path=out_dir / "vllm.log", **opts) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}

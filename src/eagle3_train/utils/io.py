@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,6 +82,17 @@ def claim_output_dir(path: str | os.PathLike, what: str, ours: Callable[[Path], 
                                f"refusing to write into it (its files could be overwritten): choose a new or "
                                f"empty directory")
     return path
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to a free `NAME.previous-TIME[-N]` beside it (never deleted); return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.previous-{stamp}"), 1
+    while aside.exists():  # two set-asides within one second
+        n += 1
+        aside = path.with_name(f"{path.name}.previous-{stamp}-{n}")
+    path.rename(aside)
+    return aside
 
 
 def _backups(target: Path) -> list[Path]:

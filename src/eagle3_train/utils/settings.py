@@ -28,15 +28,18 @@ _EXPLICIT = "_explicit_settings"  # namespace attribute: dests of the flags give
 def setting(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002 - argparse's name for it
             default_factory: Callable[[], Any] | Any = dataclasses.MISSING, flag: str | None = None,
             aliases: tuple[str, ...] = (), choices: Iterable[Any] | None = None, cli: bool = True, yaml: bool = True,
-            required: bool = False, positional: bool = False, metavar: str | None = None) -> Any:
+            required: bool = False, positional: bool = False, metavar: str | None = None,
+            commas: bool = True) -> Any:
     """A dataclass field with what the CLI and the docs need to know about it.
 
     `flag`: the primary option (default `--field-name`); `aliases`: other accepted spellings; `cli`/`yaml`: whether
     the setting is a flag / a key of the YAML section (paths the pipeline fills in are `yaml=False`); `required`:
-    a required flag (the dataclass default then only serves the Python API); `positional`: an argument, not a flag.
+    a required flag (the dataclass default then only serves the Python API); `positional`: an argument, not a flag;
+    `commas=False`: a repeated list flag whose values may contain commas (each use is one item).
     """
     meta = {"help": help, "flag": flag, "aliases": tuple(aliases), "choices": tuple(choices) if choices else None,
-            "cli": cli, "yaml": yaml, "required": required, "positional": positional, "metavar": metavar}
+            "cli": cli, "yaml": yaml, "required": required, "positional": positional, "metavar": metavar,
+            "commas": commas}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -232,9 +235,21 @@ class _Append(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
         current = list(getattr(namespace, self.dest) or []) if self.dest in getattr(namespace, _EXPLICIT, ()) else []
-        items = [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else [values]
+        items = self.items(values)
         setattr(namespace, self.dest, current + items)
         _mark(namespace, self.dest)
+
+    @staticmethod
+    def items(values: Any) -> list[Any]:
+        return [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else [values]
+
+
+class _AppendWhole(_Append):
+    """Repeatable flag whose every use is one item (values such as JSON may contain commas)."""
+
+    @staticmethod
+    def items(values: Any) -> list[Any]:
+        return [values]
 
 
 class _Bool(argparse.BooleanOptionalAction):
@@ -284,7 +299,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, set_op
             kw["choices"] = valid
         if meta.get("required"):
             kw["required"] = True
-        parser.add_argument(*flags(f), action=_Append if _is_list(hint) else _Store, **kw)
+        listed = _Append if meta.get("commas", True) else _AppendWhole
+        parser.add_argument(*flags(f), action=listed if _is_list(hint) else _Store, **kw)
     if set_option:
         section = section_name(cls)
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

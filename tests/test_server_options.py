@@ -1,0 +1,134 @@
+"""vLLM servers configured for where they run, vLLM flags passed through, and a verifier read cheaply.
+
+Fast: builds command lines, settings and identities only (no server, no network, no model).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3_train.assets.verifier import hub_allow_patterns, same_verifier, verifier_identity
+from eagle3_train.cli import build_parser
+from eagle3_train.pipeline import merged_config
+from eagle3_train.serving import vllm_server
+from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server, server_options, split_vllm_args
+from eagle3_train.settings import MAX_MODEL_LEN, ServeSettings
+from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.settings import settings_from_args
+
+
+def option(cmd: list[str], name: str) -> str | None:
+    """The value following `name` in a command line (None when absent)."""
+    return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def test_auto_settings_follow_the_device():
+    cpu = server_options("cpu")
+    assert cpu == {"dtype": "float32", "enforce_eager": False, "max_model_len": MAX_MODEL_LEN}
+    assert server_options("cpu", startup_matters=True)["enforce_eager"] is True
+    cuda = server_options("cuda", startup_matters=True)
+    assert cuda == {"dtype": "bfloat16", "enforce_eager": False, "max_model_len": None}
+    explicit = server_options("cuda", dtype="float16", enforce_eager=True, max_model_len=4096)
+    assert explicit == {"dtype": "float16", "enforce_eager": True, "max_model_len": 4096}
+
+
+def test_command_line_on_cpu_and_on_cuda(tmp_path):
+    cpu = VLLMServer(tmp_path, port=8001, device="cpu", startup_matters=True).command()
+    assert option(cpu, "--dtype") == "float32" and option(cpu, "--max-model-len") == str(MAX_MODEL_LEN)
+    assert "--enforce-eager" in cpu
+    cuda = VLLMServer(tmp_path, port=8001, device="cuda", startup_matters=True).command()
+    assert option(cuda, "--dtype") == "bfloat16"
+    assert "--max-model-len" not in cuda and "--enforce-eager" not in cuda  # the model's context, compiled
+
+
+def test_vllm_args_reach_the_command_line_and_replace_ours(tmp_path):
+    args = ["--tensor-parallel-size 8", "--max_model_len=32768", "--no-enforce-eager",
+            "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 5}']
+    cmd = VLLMServer(tmp_path, port=8001, device="cpu", enforce_eager=True, vllm_args=args).command()
+    tail = ["--tensor-parallel-size", "8", "--max_model_len=32768", "--no-enforce-eager", "--speculative-config",
+            '{"method": "eagle3", "num_speculative_tokens": 5}']
+    assert cmd[-len(tail):] == tail
+    head = cmd[:-len(tail)]
+    assert "--max-model-len" not in head and "--enforce-eager" not in head  # replaced, never given twice
+    assert option(head, "--dtype") == "float32" and option(head, "--model") == str(tmp_path)
+
+
+def test_hidden_state_server_passes_vllm_args_through(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "hidden_size": 64}))
+    server = hidden_states_server(tmp_path, storage_dir=tmp_path / "hs", port=8002, device="cpu",
+                                  vllm_args=["--gpu-memory-utilization=0.5", "--tensor-parallel-size", "2"])
+    cmd = server.command()
+    assert "--enforce-eager" in cmd  # start-up matters on CPU
+    assert "--gpu-memory-utilization" not in cmd and "--gpu-memory-utilization=0.5" in cmd
+    assert option(cmd, "--tensor-parallel-size") == "2" and "--kv-transfer-config" in cmd
+    on_gpu = hidden_states_server(tmp_path, storage_dir=tmp_path / "hs", port=8002, device="cuda").command()
+    assert "--enforce-eager" not in on_gpu and option(on_gpu, "--dtype") == "bfloat16"
+
+
+def test_split_vllm_args():
+    assert split_vllm_args(None) == []
+    assert split_vllm_args("--tensor-parallel-size 8") == ["--tensor-parallel-size", "8"]
+    assert split_vllm_args(["-tp 2", "--enable-expert-parallel"]) == ["-tp", "2", "--enable-expert-parallel"]
+    json_value = '--speculative-config={"method": "eagle3", "k": 2}'
+    assert split_vllm_args([json_value, '{"a": 1}']) == [json_value, '{"a": 1}']  # kept whole
+
+
+def test_vllm_arg_flag_repeats_and_keeps_commas():
+    argv = ["serve", "--verifier", "v", "--vllm-arg=--tensor-parallel-size=8",
+            '--vllm-arg=--speculative-config={"a": 1, "b": 2}']
+    args = build_parser(argv).parse_args(argv)
+    s = settings_from_args(ServeSettings, args)
+    assert s.vllm_args == ["--tensor-parallel-size=8", '--speculative-config={"a": 1, "b": 2}']
+    assert s.dtype == "auto" and s.enforce_eager == "auto" and s.max_model_len is None
+
+
+def test_serving_section_of_a_run_config():
+    cfg = merged_config({"serving": {"vllm_args": ["--tensor-parallel-size", "8"], "enforce_eager": False}})
+    assert cfg["serving"] == {"vllm_args": ["--tensor-parallel-size", "8"], "enforce_eager": False}
+    assert merged_config({})["serving"] == {}  # nothing set: stage hashes stay as before
+    with pytest.raises(Eagle3InputError, match="vllm_args"):
+        merged_config({"serving": {"vllm_arg": ["--x"]}})
+
+
+def test_server_device_override(monkeypatch):
+    vllm_server.server_device.cache_clear()
+    monkeypatch.setenv("EAGLE3_VLLM_DEVICE", "cuda")
+    assert vllm_server.server_device() == "cuda"
+    vllm_server.server_device.cache_clear()
+    monkeypatch.setenv("EAGLE3_VLLM_DEVICE", "cpu")
+    assert vllm_server.server_device() == "cpu"
+    vllm_server.server_device.cache_clear()
+
+
+def test_hub_downloads_only_what_a_stage_needs():
+    tok, cfg, weights = (hub_allow_patterns(n) for n in ("tokenizer", "config", "weights"))
+    assert not any("safetensors" in p or p.endswith(".bin") for p in tok + cfg)
+    assert "config.json" in cfg and "*.json" in tok and "*.jinja" in tok
+    assert "*.safetensors" in weights and set(tok) <= set(weights)
+    with pytest.raises(ValueError):
+        hub_allow_patterns("everything")
+
+
+def _fake_checkpoint(d, index_extra: str = ""):
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}))
+    (d / "model-00001-of-00002.safetensors").write_bytes(b"a" * 100)
+    (d / "model-00002-of-00002.safetensors").write_bytes(b"b" * 50)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00002"
+                                                                               ".safetensors"}}) + index_extra)
+    return d
+
+
+def test_identity_without_hashing_the_weights(tmp_path):
+    a = verifier_identity(_fake_checkpoint(tmp_path / "a"))
+    assert {f: w["bytes"] for f, w in a["weights"].items()} == {"model-00001-of-00002.safetensors": 100,
+                                                                 "model-00002-of-00002.safetensors": 50}
+    assert not any("sha256" in w for w in a["weights"].values())  # no weight byte read
+    assert set(a["index_sha256"]) == {"model.safetensors.index.json"}
+    assert same_verifier(a, verifier_identity(_fake_checkpoint(tmp_path / "copy")))
+    assert not same_verifier(a, verifier_identity(_fake_checkpoint(tmp_path / "other", index_extra=" ")))
+    hashed = verifier_identity(tmp_path / "a", hash_weights=True)
+    assert all(len(w["sha256"]) == 64 for w in hashed["weights"].values())
+    assert same_verifier(a, hashed)  # sizes compared when only one side hashed
