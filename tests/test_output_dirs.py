@@ -108,3 +108,15 @@ def test_a_kill_between_the_two_renames_loses_nothing(tmp_path):
         (tmp / "data").write_text("newest")
     assert (target / "data").read_text() == "newest"
     assert not list(tmp_path.glob(".out.replaced-*"))
+
+
+def test_generate_accepts_the_log_of_the_server_it_started(tmp_path, capsys):
+    # `run` and `generate --serve-verifier` start vLLM with its log in the output directory before generating.
+    out = tmp_path / "generated"
+    out.mkdir()
+    (out / "vllm.log").write_text("INFO started\n")
+    argv = ["generate", "--data", "sharegpt", "--endpoint", "http://127.0.0.1:9/v1", "--limit", "2", "--out", str(out),
+            "--max-retries", "0"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "not an earlier output" not in err and "127.0.0.1:9" in err  # got past the claim, to the dead endpoint

@@ -42,7 +42,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
                                 ) -> dict[str, Any]:
     """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
     regenerate the assistant turns of `source` into `out_dir`."""
-    from eagle3_train.generate.regenerate import regenerate
+    from eagle3_train.generate.regenerate import SERVER_LOG, regenerate
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, message = vllm_available()
@@ -59,6 +59,6 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     max_model_len = s.pop("max_model_len", GenerateSettings.max_model_len)
     if max_model_len:
         opts["max_model_len"] = int(max_model_len)
-    with VLLMServer(verifier_dir, log_path=out_dir / "vllm.log", **opts) as server:
+    with VLLMServer(verifier_dir, log_path=out_dir / SERVER_LOG, **opts) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}

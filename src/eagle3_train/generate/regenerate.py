@@ -53,6 +53,7 @@ from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
+SERVER_LOG = "vllm.log"  # the log of a server this stage starts, kept beside its output
 
 OUTPUT_FILE = "conversations.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
@@ -277,7 +278,9 @@ async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], m
                       api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
-    claim_output_dir(out_dir, "generate output directory", stage_manifest("generate"))
+    # Ours: an earlier generate output, or only the log of the server started for it (--serve-verifier, run).
+    claim_output_dir(out_dir, "generate output directory",
+                     lambda p: stage_manifest("generate")(p) or {f.name for f in p.iterdir()} <= {SERVER_LOG})
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path, skip_path, manifest_path = out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE
     pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
@@ -424,7 +427,7 @@ def main(args: argparse.Namespace) -> int:
     name = s.model or Path(str(s.serve_verifier)).name
     server = VLLMServer(resolve_verifier(s.serve_verifier), served_model_name=name,
                         max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager, vllm_args=s.vllm_args,
-                        log_path=Path(s.out) / "vllm.log")
+                        log_path=Path(s.out) / SERVER_LOG)
     with server:
         regenerate(s.data, s.out, endpoints + [server.base_url], name,
                    extra_manifest={"embedded_server": {"verifier": str(s.serve_verifier),
