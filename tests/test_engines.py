@@ -58,3 +58,14 @@ def test_speculators_export_records_the_verifier_as_the_user_named_it(tmp_path):
     export(run, tmp_path / "spec", fmt="speculators")
     cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_speculators_export_names_a_verifier_vllm_can_load(tmp_path):
+    from eagle3_train.assets.verifier import resolve_verifier
+    from eagle3_train.export.exporter import servable_verifier
+
+    assert servable_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    # The embedded name is ours alone: vLLM gets the converted checkpoint directory.
+    assert servable_verifier("smollm2-135m-instruct") == str(resolve_verifier("smollm2-135m-instruct"))
+    (tmp_path / "v").mkdir()
+    assert servable_verifier(tmp_path / "v") == str((tmp_path / "v").resolve())

@@ -167,7 +167,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     else:
         if not verifier_path:
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
-        config = speculators_config_json(cfg, dtype, speculative_tokens, str(verifier_path))
+        config = speculators_config_json(cfg, dtype, speculative_tokens, servable_verifier(verifier_path))
     with atomic_dir(out, is_export_dir, "export directory") as tmp:
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -177,6 +177,17 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
+
+
+def servable_verifier(name: str | Path) -> str:
+    """What `vllm serve DRAFT` can load for the verifier: a hub id as the user gave it, a local path made absolute,
+    and an embedded name (which only this tool knows) as the directory it was converted to."""
+    from eagle3_train.assets.verifier import EMBEDDED, resolve_verifier
+
+    if str(name) in EMBEDDED:
+        return str(resolve_verifier(str(name)))
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else str(name)
 
 
 def is_export_dir(path: Path) -> bool:
