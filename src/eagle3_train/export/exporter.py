@@ -202,7 +202,7 @@ def serve_command(out: Path, fmt: str, verifier: str | None, k: int) -> str:
     if fmt == "speculators":
         return f"vllm serve {out}"
     spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k})
-    return f"vllm serve {verifier or 'VERIFIER'} --speculative-config '{spec}'"
+    return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
