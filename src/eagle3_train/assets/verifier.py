@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, replace_dir, sha256_file, sha256_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_dir, atomic_path, sha256_file, sha256_json, write_json
 from eagle3_train.utils.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -83,17 +83,15 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    cfg_path = tmp / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.pop("quantization_config", None)
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-    write_json(tmp / "eagle3_train_source.json", {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
-                                                    "dtype": dtype})
-    replace_dir(tmp, out_dir)  # the directory appears only when complete
+    with atomic_dir(out_dir) as tmp:  # the directory appears only when complete
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.pop("quantization_config", None)
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        write_json(tmp / "eagle3_train_source.json", {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
+                                                        "dtype": dtype})
     return out_dir
 
 

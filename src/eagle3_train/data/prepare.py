@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
 import time
 import typing
@@ -37,9 +35,9 @@ from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
 from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
+    atomic_dir,
     claim_output_dir,
     read_json,
-    replace_dir,
     sha256_file,
     sha256_text,
     stage_manifest,
@@ -235,18 +233,12 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
         "environment": environment(),
     }
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out_dir) as tmp:  # claimed above; replaces an earlier prepared output only when complete
         # Explicit shard counts: datasets cannot load back an empty split saved with its default of 0 shards.
         shards = {k: max(1, -(-sum(s["length"] for s in v) * 5 // _SHARD_BYTES)) for k, v in by_split.items()}
         _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"), num_shards=shards)
         manifest["elapsed_s"] = round(time.time() - t0, 3)
         write_json(tmp / "manifest.json", manifest)
-        replace_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log.info("prepared %d train + %d validation conversations (%d skipped, %d truncated) in %.1fs -> %s",
              counts["kept"][TRAIN], counts["kept"][VALIDATION], counts["skipped_total"], truncated,
              manifest["elapsed_s"], out_dir)
