@@ -23,9 +23,11 @@ def test_root_url_and_cli_options():
     assert root_url("http://h:1/v1/") == "http://h:1" and root_url("http://h:1") == "http://h:1"
     p = argparse.ArgumentParser()
     add_served_arguments(p)
-    a = p.parse_args(["--endpoint", "http://x/v1", "--prompts", "humaneval", "-k", "2", "--out", "d"])
+    a = p.parse_args(["--endpoint", "http://x/v1", "--prompts", "humaneval", "-k", "2", "--out", "d",
+                      "--temperature", "1", "--seed", "3"])
     assert (a.endpoint, a.benchmark, a.k, a.out, a.max_tokens) == (["http://x/v1"], "humaneval", 2, "d",
                                                                    ServedEvalSettings.max_tokens)
+    assert (a.temperature, a.seed) == (1.0, 3)
     with pytest.raises(Eagle3InputError, match="--endpoint URL.*--draft DIR"):
         run_served(settings_from_args(ServedEvalSettings, p.parse_args(["--prompts", "mt-bench", "--limit", "1"])))
     with pytest.raises(Eagle3InputError, match="no prompts"):
@@ -63,6 +65,23 @@ def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers
     assert r["greedy_identical"] == {"identical": 3, "compared": 3, "differing_ids": []}
     assert [len(c["outputs"]) for c in r["completions"]] == [2, 1, 1]
     assert r["baseline"]["speculative"] is False and r["speedup"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_sampled_acceptance_is_seeded_and_skips_the_greedy_check(servers):
+    plain, spec = servers
+    runs = [evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
+                            baseline_url=plain.base_url, temperature=1.0, seed=s) for s in (7, 7, 8)]
+    for r in runs:
+        acc = r["acceptance"]
+        assert r["temperature"] == 1.0 and acc["num_drafts"] > 0 and r["errors"] == 0
+        assert r["greedy_identical"] is None  # sampled outputs legitimately differ from a baseline
+    # The same seed reproduces the sampled outputs (rejection sampling included); another seed draws others.
+    outputs = [[c["outputs"] for c in r["completions"]] for r in runs]
+    assert outputs[0] == outputs[1] and outputs[0] != outputs[2]
+    with pytest.raises(Eagle3InputError, match="temperature"):
+        evaluate_served([spec.base_url], spec.model_name, PROMPTS, temperature=-1.0)
 
 
 @pytest.mark.slow

@@ -202,7 +202,17 @@ class _PromptSettings:
 
 
 @dataclass
-class EvaluateSettings(_PromptSettings):
+class _SamplingSettings:
+    """How served prompts are sampled (the offline evaluator is greedy only)."""
+
+    temperature: float = setting(0.0, "sampling temperature of the served requests: 0 measures the argmax match; "
+                                      "above 0 vLLM verifies by rejection sampling and outputs are not compared with "
+                                      "a baseline")
+    seed: int = setting(0, "base seed of sampled requests (each request's seed derives from it, prompt and turn)")
+
+
+@dataclass
+class EvaluateSettings(_SamplingSettings, _PromptSettings):
     """The pipeline's evaluate stage."""
 
     SECTION: ClassVar[str] = "evaluate"
@@ -241,7 +251,7 @@ class OfflineEvalSettings(_PromptSettings):
 
 
 @dataclass
-class ServedEvalSettings(_PromptSettings):
+class ServedEvalSettings(_SamplingSettings, _PromptSettings):
     """`eagle3-train evaluate served`: either --endpoint (running servers with the draft) or --draft (a vLLM server
     is started for --verifier with that draft; --baseline also starts one without it)."""
 

@@ -1,8 +1,8 @@
 """Acceptance of exported drafts, measured the way users will see it: a real vLLM server (and the offline evaluator).
 
-`served_acceptance` starts vLLM with the verifier and a draft, sends held-out prompts at temperature 0 and reads the
-Prometheus counters; with `baseline=True` it also serves the verifier alone and checks that greedy outputs are
-identical. `pipeline_evaluate` is the evaluate stage of `eagle3-train run`.
+`served_acceptance` starts vLLM with the verifier and a draft, sends held-out prompts (temperature 0 unless set) and
+reads the Prometheus counters; with `baseline=True` it also serves the verifier alone and checks that greedy outputs
+are identical (temperature 0). `pipeline_evaluate` is the evaluate stage of `eagle3-train run`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle3_train.evaluate.served import evaluate_served
+from eagle3_train.evaluate.served import evaluate_served, greedy_identical
 from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
@@ -24,7 +24,8 @@ _D = EvaluateSettings  # keyword defaults below are the settings dataclass's
 def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: list[EvalPrompt], *, k: int = _D.k,
                       fmt: str = "eagle", max_tokens: int = _D.max_tokens, concurrency: int = _D.concurrency,
                       baseline: bool = _D.baseline, log_dir: str | Path | None = None,
-                      serving: dict[str, Any] | None = None, trust_remote_code: bool = False) -> dict[str, Any]:
+                      serving: dict[str, Any] | None = None, trust_remote_code: bool = False,
+                      temperature: float = _D.temperature, seed: int = _D.seed) -> dict[str, Any]:
     """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check).
     `serving`: ServingSettings values (dtype, enforce_eager, max_model_len, vllm_args; auto by device)."""
     log_dir = Path(log_dir) if log_dir else None
@@ -37,18 +38,15 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
                             log_path=log_dir / f"vllm-{fmt}.log" if log_dir else None)
     with server:
         result = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=max_tokens,
-                                 concurrency=concurrency)
+                                 concurrency=concurrency, temperature=temperature, seed=seed)
         result["startup_s"] = server.startup_s
     result.update({"format": fmt, "draft": str(draft_dir), "k": k})
     if baseline:
         with VLLMServer(verifier_dir, log_path=log_dir / "vllm-baseline.log" if log_dir else None, **opts) as base:
             plain = evaluate_served(base.base_url, base.model_name, prompts, max_tokens=max_tokens,
-                                    concurrency=concurrency)
+                                    concurrency=concurrency, temperature=temperature, seed=seed)
         result["baseline"] = {k_: plain[k_] for k_ in ("tokens_per_s", "generated_tokens", "wall_s") if k_ in plain}
-        pairs = list(zip(result["completions"], plain["completions"]))
-        differing = [a["id"] for a, b in pairs if a["outputs"] != b["outputs"]]
-        result["greedy_identical"] = {"identical": len(pairs) - len(differing), "compared": len(pairs),
-                                      "differing_ids": differing}
+        result["greedy_identical"] = greedy_identical(result["completions"], plain["completions"], temperature)
         if result.get("tokens_per_s") and plain.get("tokens_per_s"):
             result["speedup"] = round(result["tokens_per_s"] / plain["tokens_per_s"], 4)
     return result
@@ -67,17 +65,20 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
                       turns: int = _D.turns, max_tokens: int = _D.max_tokens, k: int = _D.k,
                       concurrency: int = _D.concurrency, baseline: bool = _D.baseline,
                       offline_prompts: int = _D.offline_prompts, serving: dict[str, Any] | None = None,
-                      trust_remote_code: bool = False) -> dict[str, Any]:
+                      trust_remote_code: bool = False, temperature: float = _D.temperature,
+                      seed: int = _D.seed) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
-    results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens}
+    results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens,
+                               "temperature": temperature}
     if vllm:
         ok, message = vllm_available()
         if ok:
             for fmt, draft in exports.items():
                 r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
                                       concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir,
-                                      serving=serving, trust_remote_code=trust_remote_code)
+                                      serving=serving, trust_remote_code=trust_remote_code,
+                                      temperature=temperature, seed=seed)
                 write_json(out_dir / f"vllm-{fmt}.json", r)
                 results[f"vllm_{fmt}"] = acceptance_summary(r)
         elif vllm == "auto":

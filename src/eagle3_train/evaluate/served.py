@@ -1,10 +1,11 @@
 """Served evaluation: the acceptance length a draft really reaches in a running vLLM server.
 
-Sends the prompts as chat completions (temperature 0, bounded concurrency; MT-bench's second turn follows the model's
-own first answer), reads vLLM's Prometheus counters at `/metrics` before and after, and derives
+Sends the prompts as chat completions (temperature 0 by default, bounded concurrency; MT-bench's second turn follows
+the model's own first answer), reads vLLM's Prometheus counters at `/metrics` before and after, and derives
 mean acceptance length = 1 + accepted / drafts and per-position acceptance = accepted_at_pos[i] / drafts.
-With a baseline server (same verifier, no draft) it also measures the speed-up and compares the greedy outputs,
-which must be identical: speculative decoding must not change what the verifier generates.
+At temperature 0 acceptance is the argmax match; above 0 vLLM verifies by rejection sampling (each request seeded).
+With a baseline server (same verifier, no draft) it also measures the speed-up and, at temperature 0, compares the
+greedy outputs, which must be identical: speculative decoding must not change what the verifier generates.
 
 Python API: `evaluate_served(base_url or [urls], model, prompts, ...) -> dict` (with `completions`);
 `add_served_arguments(parser)` / `run_served(ServedEvalSettings)` for the `evaluate` CLI's served mode.
@@ -48,8 +49,14 @@ def fetch_metrics(base_url: str, timeout: float = 30.0) -> str:
         raise Eagle3InputError(f"cannot read Prometheus metrics at {url}: {e} (is it a vLLM server?)") from None
 
 
+def request_seed(seed: int, prompt: int, turn: int) -> int:
+    """A distinct, reproducible seed per request, so sampled runs repeat and a retry draws the same tokens."""
+    return (seed * 1_000_003 + prompt * 16 + turn) % 2**31
+
+
 async def _run_prompts(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_tokens: int,
-                       concurrency: int, api_key: str, timeout_s: float, desc: str) -> tuple[list[dict], float]:
+                       concurrency: int, api_key: str, timeout_s: float, desc: str, temperature: float = 0.0,
+                       seed: int = 0) -> tuple[list[dict], float]:
     pool = ChatPool(base_urls, model, api_key=api_key, timeout_s=timeout_s)
     results: list[dict | None] = [None] * len(prompts)
     sem = asyncio.Semaphore(concurrency)
@@ -60,10 +67,11 @@ async def _run_prompts(base_urls: list[str], model: str, prompts: list[EvalPromp
             messages: list[dict[str, str]] = []
             rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": p.turns, "outputs": [],
                                    "finish_reasons": [], "completion_tokens": []}
-            for turn in p.turns:
+            for t, turn in enumerate(p.turns):
                 messages.append({"role": "user", "content": turn})
                 try:
-                    reply = await pool.chat(messages, max_tokens=max_tokens, temperature=0.0)
+                    reply = await pool.chat(messages, max_tokens=max_tokens, temperature=temperature,
+                                            seed=request_seed(seed, i, t) if temperature > 0 else None)
                 except (ContextTooLongError, RequestRejected) as e:
                     rec["error"] = str(e)[:300]
                     break
@@ -100,10 +108,11 @@ def _counters(base_urls: list[str]):
 
 
 def _measure(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int,
-             api_key: str, timeout_s: float, desc: str) -> tuple[dict, list[dict]]:
+             api_key: str, timeout_s: float, desc: str, temperature: float = 0.0,
+             seed: int = 0) -> tuple[dict, list[dict]]:
     before = _counters(base_urls)
     completions, wall = asyncio.run(_run_prompts(base_urls, model, prompts, max_tokens, concurrency, api_key,
-                                                 timeout_s, desc))
+                                                 timeout_s, desc, temperature, seed))
     after = _counters(base_urls)
     stats = {"endpoint": base_urls[0] if len(base_urls) == 1 else base_urls, "model": model,
              **_throughput(completions, wall)}
@@ -117,7 +126,8 @@ def _measure(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_to
 def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPrompt],
                     max_tokens: int = ServedEvalSettings.max_tokens, concurrency: int = ServedEvalSettings.concurrency,
                     baseline_url: str | None = None, baseline_model: str | None = None, api_key: str = "EMPTY",
-                    timeout_s: float = GenerateSettings.timeout_s) -> dict[str, Any]:
+                    timeout_s: float = GenerateSettings.timeout_s, temperature: float = ServedEvalSettings.temperature,
+                    seed: int = ServedEvalSettings.seed) -> dict[str, Any]:
     """Acceptance and throughput of a speculative vLLM server (and optionally of a baseline without a draft).
 
     `base_url` may list several servers of the same verifier + draft: the prompts are spread over them and their
@@ -125,18 +135,23 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     The counters are server-wide: run nothing else against the server meanwhile. The baseline is measured after
     the speculative run, not at the same time, so the two do not share the CPU/GPU.
     Returns a dict with `acceptance` (None when the server has no spec-decode counters), throughput, `baseline`,
-    `speedup`, `greedy_identical`, and the texts in `completions` / `baseline_completions`.
+    `speedup`, `greedy_identical` (temperature 0 only), and the texts in `completions` / `baseline_completions`.
     """
     if not prompts:
         raise Eagle3InputError("no prompts to evaluate")
     if concurrency < 1:
         raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+    if temperature < 0:
+        raise Eagle3InputError(f"temperature must be >= 0, got {temperature}")
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
-    stats, completions = _measure(urls, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served")
+    sampling = (temperature, seed)
+    stats, completions = _measure(urls, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served",
+                                  *sampling)
     if not stats["speculative"]:
         log.warning("%s exposes no vllm:spec_decode_* counters: is it started with a draft?", ", ".join(urls))
     result: dict[str, Any] = {"mode": "served", "n_prompts": len(prompts), "max_tokens": max_tokens,
-                              "concurrency": concurrency, "temperature": 0.0,
+                              "concurrency": concurrency, "temperature": temperature,
+                              **({"seed": seed} if temperature > 0 else {}),
                               "benchmarks": sorted({p.benchmark for p in prompts}), **stats}
     if result["acceptance"]:
         a = result["acceptance"]
@@ -145,17 +160,23 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     result["completions"] = completions
     if baseline_url:
         base_stats, base_completions = _measure([baseline_url], baseline_model or model, prompts, max_tokens,
-                                                concurrency, api_key, timeout_s, "baseline")
+                                                concurrency, api_key, timeout_s, "baseline", *sampling)
         base_stats.pop("acceptance", None)
         result["baseline"] = base_stats
         if stats["tokens_per_s"] and base_stats["tokens_per_s"]:
             result["speedup"] = round(stats["tokens_per_s"] / base_stats["tokens_per_s"], 4)
-        same = sum(a["outputs"] == b["outputs"] for a, b in zip(completions, base_completions))
-        result["greedy_identical"] = {"identical": same, "compared": len(completions),
-                                      "differing_ids": [a["id"] for a, b in zip(completions, base_completions)
-                                                        if a["outputs"] != b["outputs"]]}
+        result["greedy_identical"] = greedy_identical(completions, base_completions, temperature)
         result["baseline_completions"] = base_completions
     return result
+
+
+def greedy_identical(completions: list[dict], base_completions: list[dict], temperature: float) -> dict | None:
+    """At temperature 0 speculative decoding must reproduce the verifier's own outputs; sampled outputs may differ
+    (None: not compared)."""
+    if temperature > 0:
+        return None
+    differing = [a["id"] for a, b in zip(completions, base_completions) if a["outputs"] != b["outputs"]]
+    return {"identical": len(completions) - len(differing), "compared": len(completions), "differing_ids": differing}
 
 
 # --- CLI wiring for `eagle3-train evaluate` (served mode) -----------------------------------------------------
@@ -210,7 +231,8 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
                                                                 "log": str(base.log_path)}
         model = s.model or _served_model(endpoints[0])
         result = evaluate_served(endpoints, model, prompts, max_tokens=s.max_tokens, concurrency=s.concurrency,
-                                 baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None)
+                                 baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None,
+                                 temperature=s.temperature, seed=s.seed)
     result["draft"] = s.draft
     result["servers_started"] = servers
     if s.out:

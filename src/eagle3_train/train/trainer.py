@@ -272,7 +272,8 @@ class Trainer:
     def log_metrics(self, split: str, values: dict[str, float]) -> None:
         if not self.info.is_main:
             return
-        rec = {"step": self.step, "epoch": self.epoch, "split": split, "time": time.time(), **values}
+        rec = {"step": self.step, "epoch": self.epoch, "split": split, "time": time.time(),
+               "tokens_seen": self.tokens_seen, **values}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.writer is not None:
