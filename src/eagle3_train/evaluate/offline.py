@@ -502,9 +502,47 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
         draft, draft_info = load_draft_for_eval(draft, verifier_model, vdir)
     draft = draft.to(device=device, dtype=dtype).eval()
     metadata = draft_info.pop("metadata", None) or {}
-
     if prepared is None:
         prepared = (metadata.get("data") or {}).get("prepared")
+    held = _held_out(prompts, prepared, tokenizer)
+
+    tapped = TappedVerifier(verifier_model, draft.config.aux_layer_ids)
+    stop = stop_token_ids(tokenizer, verifier_model)
+    run = _OfflineRun(tapped, draft, tokenizer, stop, k=k, max_new_tokens=max_new_tokens, check_greedy=check_greedy,
+                      tie_tol=tie_tol, record_rounds=record_rounds)
+    records: list[dict[str, Any]] = []
+    bar = progress(total=len(prompts), desc="offline eval", unit="prompt")
+    try:
+        for p in prompts:
+            records.append(run.prompt(p))
+            bar.update(1)
+            bar.set_postfix_str(f"{run.overall.new_tokens / max(run.overall.seconds, 1e-9):.1f} tok/s, "
+                                f"τ={run.overall.summary()['mean_acceptance_length'] or 0:.2f}")
+    finally:
+        bar.close()
+        tapped.close()
+
+    summary = run.overall.summary()
+    return {
+        "mode": "offline",
+        "settings": {"k": k, "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype),
+                     "num_prompts": len(prompts), "check_greedy": check_greedy, "tie_tol": tie_tol},
+        "draft": draft_info,
+        "verifier": {"path": str(vdir), "num_layers": verifier_model.config.get_text_config().num_hidden_layers},
+        "stop_token_ids": sorted(stop),
+        "overall": summary,
+        "benchmarks": {name: t.summary() for name, t in run.by_benchmark.items()},
+        "held_out": held.get("held_out"),
+        "held_out_check": held,
+        "greedy_check": {"checked": check_greedy, "passed": (not run.mismatches) if check_greedy else None,
+                         "mismatches": run.mismatches},
+        "speed": run.speed(summary),
+        "prompts": records,
+    }
+
+
+def _held_out(prompts: list[EvalPrompt], prepared: str | Path | None, tokenizer) -> dict[str, Any]:
+    """The held-out check against `prepared` when it exists, else a record of why it was skipped."""
     if prepared and Path(prepared).is_dir():
         held = held_out_check(prompts, prepared, tokenizer)
     else:
@@ -515,77 +553,70 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
     if held.get("checked") and not held["held_out"]:
         log.warning("%d evaluation prompt(s) occur in the training data: %s", len(held["prompts_in_train"]),
                     held["prompts_in_train"][:10])
+    return held
 
-    tapped = TappedVerifier(verifier_model, draft.config.aux_layer_ids)
-    stop = stop_token_ids(tokenizer, verifier_model)
-    tallies: dict[str, Tally] = {}
-    overall = Tally(k)
-    greedy_tally = Tally(k)
-    records: list[dict[str, Any]] = []
-    mismatches: list[dict[str, Any]] = []
-    bar = progress(total=len(prompts), desc="offline eval", unit="prompt")
-    try:
-        for p in prompts:
-            messages: list[dict[str, str]] = []
-            rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": []}
-            for t, turn in enumerate(p.turns):
-                messages.append({"role": "user", "content": turn})
-                prompt_ids = render_prompt(tokenizer, messages)
-                spec = chain_decode(tapped, draft, prompt_ids, k, max_new_tokens, stop, record_rounds)
-                overall.add(spec)
-                tallies.setdefault(p.benchmark, Tally(k)).add(spec)
-                turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),
-                                            "drafts": spec.drafts, "accepted": sum(spec.accepted_per_pos),
-                                            "verifier_forwards": spec.verifier_forwards,
-                                            "seconds": round(spec.seconds, 3)}
-                if check_greedy:
-                    ref = greedy_decode(tapped, prompt_ids, max_new_tokens, stop)
-                    greedy_tally.add(ref)
-                    diff = compare_with_greedy(tapped, prompt_ids, spec.tokens, ref, tie_tol)
-                    turn_rec["greedy_identical"] = diff is None
-                    if diff is not None:
-                        diff = {"prompt": p.id, "turn": t + 1, **diff}
-                        mismatches.append(diff)
-                        if not diff["near_tie"]:
-                            raise GreedyMismatchError(
-                                f"prompt {p.id} turn {t + 1}: speculative output differs from greedy decoding at "
-                                f"new token {diff['position']}: {diff}")
-                        log.warning("near-tie difference from greedy decoding: %s", diff)
-                if record_rounds:
-                    turn_rec["tokens"] = spec.tokens
-                    turn_rec["rounds"] = spec.rounds
-                answer = tokenizer.decode([x for x in spec.tokens if x not in stop], skip_special_tokens=True)
-                turn_rec["output"] = answer
-                rec["turns"].append(turn_rec)
-                messages.append({"role": "assistant", "content": answer})  # turn 2 follows the model's own answer
-            records.append(rec)
-            bar.update(1)
-            bar.set_postfix_str(f"{overall.new_tokens / max(overall.seconds, 1e-9):.1f} tok/s, "
-                                f"τ={overall.summary()['mean_acceptance_length'] or 0:.2f}")
-    finally:
-        bar.close()
-        tapped.close()
 
-    summary = overall.summary()
-    speed: dict[str, Any] = {"speculative_tokens_per_s": summary["tokens_per_s"],
-                             "speculative_seconds": summary["seconds"]}
-    if check_greedy and greedy_tally.seconds:
-        g = greedy_tally.summary()
-        speed.update(greedy_tokens_per_s=g["tokens_per_s"], greedy_seconds=g["seconds"],
-                     wall_speedup=g["seconds"] / summary["seconds"] if summary["seconds"] else None)
-    return {
-        "mode": "offline",
-        "settings": {"k": k, "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype),
-                     "num_prompts": len(prompts), "check_greedy": check_greedy, "tie_tol": tie_tol},
-        "draft": draft_info,
-        "verifier": {"path": str(vdir), "num_layers": verifier_model.config.get_text_config().num_hidden_layers},
-        "stop_token_ids": sorted(stop),
-        "overall": summary,
-        "benchmarks": {name: t.summary() for name, t in tallies.items()},
-        "held_out": held.get("held_out"),
-        "held_out_check": held,
-        "greedy_check": {"checked": check_greedy, "passed": (not mismatches) if check_greedy else None,
-                         "mismatches": mismatches},
-        "speed": speed,
-        "prompts": records,
-    }
+class _OfflineRun:
+    """Decodes the prompts one turn at a time and keeps the tallies (overall, per benchmark, greedy reference)."""
+
+    def __init__(self, tapped: TappedVerifier, draft: Eagle3Draft, tokenizer, stop: set[int], *, k: int,
+                 max_new_tokens: int, check_greedy: bool, tie_tol: float, record_rounds: bool) -> None:
+        self.tapped, self.draft, self.tokenizer, self.stop = tapped, draft, tokenizer, stop
+        self.k, self.max_new_tokens, self.check_greedy = k, max_new_tokens, check_greedy
+        self.tie_tol, self.record_rounds = tie_tol, record_rounds
+        self.overall, self.greedy = Tally(k), Tally(k)
+        self.by_benchmark: dict[str, Tally] = {}
+        self.mismatches: list[dict[str, Any]] = []
+
+    def prompt(self, p: EvalPrompt) -> dict[str, Any]:
+        """Every turn of one prompt; turn 2 follows the model's own answer to turn 1."""
+        messages: list[dict[str, str]] = []
+        rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": []}
+        for t, turn in enumerate(p.turns):
+            messages.append({"role": "user", "content": turn})
+            turn_rec = self.turn(p, t, render_prompt(self.tokenizer, messages))
+            rec["turns"].append(turn_rec)
+            messages.append({"role": "assistant", "content": turn_rec["output"]})
+        return rec
+
+    def turn(self, p: EvalPrompt, t: int, prompt_ids: list[int]) -> dict[str, Any]:
+        spec = chain_decode(self.tapped, self.draft, prompt_ids, self.k, self.max_new_tokens, self.stop,
+                            self.record_rounds)
+        self.overall.add(spec)
+        self.by_benchmark.setdefault(p.benchmark, Tally(self.k)).add(spec)
+        turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),
+                                    "drafts": spec.drafts, "accepted": sum(spec.accepted_per_pos),
+                                    "verifier_forwards": spec.verifier_forwards,
+                                    "seconds": round(spec.seconds, 3)}
+        if self.check_greedy:
+            turn_rec["greedy_identical"] = self.same_as_greedy(p, t, prompt_ids, spec)
+        if self.record_rounds:
+            turn_rec["tokens"] = spec.tokens
+            turn_rec["rounds"] = spec.rounds
+        turn_rec["output"] = self.tokenizer.decode([x for x in spec.tokens if x not in self.stop],
+                                                   skip_special_tokens=True)
+        return turn_rec
+
+    def same_as_greedy(self, p: EvalPrompt, t: int, prompt_ids: list[int], spec: TurnOutput) -> bool:
+        """Whether the speculative output equals greedy decoding; raises GreedyMismatchError unless on a near-tie."""
+        ref = greedy_decode(self.tapped, prompt_ids, self.max_new_tokens, self.stop)
+        self.greedy.add(ref)
+        diff = compare_with_greedy(self.tapped, prompt_ids, spec.tokens, ref, self.tie_tol)
+        if diff is None:
+            return True
+        diff = {"prompt": p.id, "turn": t + 1, **diff}
+        self.mismatches.append(diff)
+        if not diff["near_tie"]:
+            raise GreedyMismatchError(f"prompt {p.id} turn {t + 1}: speculative output differs from greedy decoding "
+                                      f"at new token {diff['position']}: {diff}")
+        log.warning("near-tie difference from greedy decoding: %s", diff)
+        return False
+
+    def speed(self, summary: dict[str, Any]) -> dict[str, Any]:
+        speed: dict[str, Any] = {"speculative_tokens_per_s": summary["tokens_per_s"],
+                                 "speculative_seconds": summary["seconds"]}
+        if self.check_greedy and self.greedy.seconds:
+            g = self.greedy.summary()
+            speed.update(greedy_tokens_per_s=g["tokens_per_s"], greedy_seconds=g["seconds"],
+                         wall_speedup=g["seconds"] / summary["seconds"] if summary["seconds"] else None)
+        return speed
