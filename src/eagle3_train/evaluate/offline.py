@@ -107,23 +107,23 @@ class TappedVerifier:
     """A HF causal LM whose forward also returns the inputs of the aux layers (= HF hidden_states[i])."""
 
     def __init__(self, model, aux_layer_ids: tuple[int, ...]):
+        from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
+
         self.model = model
         self.aux_layer_ids = tuple(aux_layer_ids)
-        self.capture = True
-        self._seen: dict[int, torch.Tensor] = {}
-        layers = model.get_decoder().layers
-        self._hooks = [layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
-                       for i in sorted(set(self.aux_layer_ids))]
+        self._taps = AuxCapture(decoder_parts(model)[1], self.aux_layer_ids)
 
-    def _hook(self, i: int):
-        def hook(_module, args, kwargs):
-            if self.capture:
-                self._seen[i] = args[0] if args else kwargs["hidden_states"]
-        return hook
+    @property
+    def capture(self) -> bool:
+        """False while forwards whose aux states are not needed run (the greedy reference)."""
+        return self._taps.enabled
+
+    @capture.setter
+    def capture(self, on: bool) -> None:
+        self._taps.enabled = on
 
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
+        self._taps.remove()
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -137,10 +137,10 @@ class TappedVerifier:
         device = self.model.device
         input_ids = torch.tensor([ids], device=device)
         positions = torch.arange(start, start + len(ids), device=device)[None]
-        self._seen.clear()
+        self._taps.captured.clear()
         out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
                          logits_to_keep=0 if all_logits else 1)
-        aux = torch.cat([self._seen[i][0] for i in self.aux_layer_ids], dim=-1) if self.capture else None
+        aux = self._taps.take()[0] if self.capture else None
         return out.logits[0].float(), aux
 
 

@@ -43,7 +43,7 @@ from eagle3_train.assets.verifier import (
     same_verifier,
     verifier_identity,
 )
-from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -200,45 +200,6 @@ def check_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
                                f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
                                f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
                                f"prepared for")
-
-
-def decoder_parts(model) -> tuple[Any, Any]:
-    """The base model (embeddings + decoder layers + final norm, no lm_head) and its list of decoder layers."""
-    base = getattr(model, "model", None)
-    if base is None and hasattr(model, "get_decoder"):
-        base = model.get_decoder()
-    layers = getattr(base, "layers", None)
-    if base is None or layers is None:
-        raise Eagle3InputError(f"unsupported verifier architecture {type(model).__name__}: expected a causal LM "
-                               f"with .model.layers (Llama-style decoder)")
-    return base, layers
-
-
-class AuxCapture:
-    """Forward pre-hooks that keep the real (unpadded) rows of the inputs of the tapped decoder layers."""
-
-    def __init__(self, layers, layer_ids: Sequence[int], dtype) -> None:
-        self.layer_ids = tuple(layer_ids)
-        self.dtype = dtype
-        self.mask = None  # [B, T] bool, set before each forward
-        self.captured: dict[int, Any] = {}
-        self.handles = [layers[i].register_forward_pre_hook(partial(self._hook, i), with_kwargs=True)
-                        for i in sorted(set(self.layer_ids))]
-
-    def _hook(self, layer_id: int, module, args, kwargs) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        self.captured[layer_id] = hidden[self.mask].to(self.dtype)
-
-    def take(self):
-        import torch
-
-        out = torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
-        self.captured.clear()
-        return out
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 def run_batch(base, capture: AuxCapture, seqs: Sequence[Sequence[int]], pad_id: int, device: str, store_dtype):
