@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.data.chat_mask import end_of_turn_token_id, find_all, user_turn_delimiters
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import OfflineEvalSettings
@@ -33,8 +34,6 @@ from eagle3_train.utils.io import Eagle3InputError, read_json
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
-
-_SENTINEL = "eagle3evalSentinelQz7"
 
 
 class GreedyMismatchError(AssertionError):
@@ -336,29 +335,10 @@ def stop_token_ids(tokenizer, model) -> set[int]:
         elif value:
             stop.update(int(v) for v in value)
     if tokenizer.chat_template:
-        probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                               {"role": "assistant", "content": _SENTINEL}], tokenize=False)
-        suffix = probe[probe.rfind(_SENTINEL) + len(_SENTINEL):]
-        marker = _end_marker(tokenizer, suffix)
-        ids = tokenizer(marker, add_special_tokens=False)["input_ids"] if marker else []
-        if len(ids) == 1:
-            stop.add(ids[0])
+        eot = end_of_turn_token_id(tokenizer)
+        if eot is not None:
+            stop.add(eot)
     return stop
-
-
-def _special_tokens(tokenizer) -> list[str]:
-    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
-    specials |= set(tokenizer.all_special_tokens)
-    return sorted((s for s in specials if s), key=len, reverse=True)
-
-
-def _end_marker(tokenizer, suffix: str) -> str:
-    """The turn suffix up to and including its first special token (else the suffix without trailing space)."""
-    hits = [(suffix.find(s), s) for s in _special_tokens(tokenizer) if s in suffix]
-    if not hits:
-        return suffix.rstrip()
-    k, s = min(hits, key=lambda x: (x[0], -len(x[1])))
-    return suffix[: k + len(s)]
 
 
 # --- held-out check ---------------------------------------------------------------------------------------------
@@ -366,35 +346,10 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _user_turn_delimiters(tokenizer, template: str | None) -> tuple[str, str]:
-    """(header, end marker) around a user message's content, read from the chat template itself."""
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], chat_template=template,
-                                          tokenize=False)
-    k = probe.find(_SENTINEL)
-    prefix, suffix = probe[:k], probe[k + len(_SENTINEL):]
-    specials = _special_tokens(tokenizer)
-    starts = sorted({i for s in specials for i in _find_all(prefix, s)})
-    header = prefix
-    if starts:
-        header = prefix[starts[-1]:]
-        # "<|end_header_id|>\n\n" alone would match every role: reach back to the token naming the role.
-        if "user" not in header and len(starts) > 1:
-            header = prefix[starts[-2]:]
-    return header, _end_marker(tokenizer, suffix)
-
-
-def _find_all(text: str, sub: str) -> list[int]:
-    out, i = [], text.find(sub)
-    while i >= 0:
-        out.append(i)
-        i = text.find(sub, i + 1)
-    return out
-
-
 def user_turns_of(text: str, header: str, end: str) -> list[str]:
     """Normalized contents of the user turns in a rendered (decoded) conversation; cut-off turns are skipped."""
     out = []
-    for i in _find_all(text, header):
+    for i in find_all(text, header):
         a = i + len(header)
         b = text.find(end, a) if end else -1
         if b >= 0:
@@ -417,7 +372,7 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
             template = Path(source).read_text()
         else:
             notes.append(f"prepared with chat template {source!r}, not available here: used the tokenizer's")
-    header, end = _user_turn_delimiters(tokenizer, template)
+    header, end = user_turn_delimiters(tokenizer, template)
     wanted: dict[str, list[tuple[str, int]]] = {}
     for p in prompts:
         for t, turn in enumerate(p.turns):
