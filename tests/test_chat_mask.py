@@ -188,3 +188,27 @@ def test_format_masked(maskers):
     assert "«2+2 equals 4.<|im_end|>»" in plain and plain.count("«") == 1
     colored = format_masked(masker.tokenizer, sample.input_ids, sample.loss_mask, color=True)
     assert "\x1b[32m2+2 equals 4.<|im_end|>\x1b[0m" in colored
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_evaluation_stops_where_training_supervision_ends(maskers, name):
+    """The offline evaluator stops generating at `end_of_turn_token_id` and finds user turns by
+    `user_turn_delimiters`; both must read the template as the loss mask does: the stop token is the last supervised
+    token of every reply, and the user turns of a rendered training sample are found again."""
+    from eagle3_train.data.chat_mask import end_of_turn_token_id, user_turn_delimiters
+    from eagle3_train.evaluate.offline import normalize_text, user_turns_of
+
+    masker = maskers[name]
+    # no system message: templates without a system role (gemma) merge it into the first user turn
+    messages = [m for m in CONVERSATIONS["system_multi_turn"] if m["role"] != "system"]
+    sample = masker.encode(messages)
+    eot = end_of_turn_token_id(masker.tokenizer, masker.chat_template)
+    assert eot is not None and masker.tokenizer.decode([eot], skip_special_tokens=False) == FAMILIES[name][2]
+    ends = [k for k, m in enumerate(sample.loss_mask) if m and (k + 1 == len(sample.loss_mask)
+                                                                or not sample.loss_mask[k + 1])]
+    assert len(ends) == sum(m["role"] == "assistant" for m in messages)
+    assert all(sample.input_ids[k] == eot for k in ends)
+    header, end = user_turn_delimiters(masker.tokenizer, masker.chat_template)
+    text = masker.tokenizer.decode(sample.input_ids, skip_special_tokens=False)
+    users = [normalize_text(m["content"]) for m in messages if m["role"] == "user"]
+    assert user_turns_of(text, header, end) == users

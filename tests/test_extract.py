@@ -432,3 +432,34 @@ def test_smollm2_matches_output_hidden_states(tmp_path):
         got = reader.load(r)
         torch.testing.assert_close(got["aux"], torch.cat([hs[2], hs[15], hs[27]], dim=-1), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(got["final"], final, rtol=1e-4, atol=1e-4)
+
+
+def test_extract_and_offline_evaluation_tap_the_same_states(tmp_path):
+    """Training reads what extract stores, evaluation feeds the draft what TappedVerifier captures: for the same
+    tokens both are the inputs of the aux layers (HF hidden_states[i]), whatever the padding around them."""
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_train.evaluate.offline import TappedVerifier
+    from eagle3_train.hidden_states.extract import run_batch
+    from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
+
+    model_dir = make_tiny_llama(tmp_path / "verifier")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = (0, 2, 3)
+    seqs = [[5, 9, 2, 7, 11, 3], [4, 8, 1]]  # the shorter one is padded in extract's batch
+    base, layers = decoder_parts(model)
+    capture = AuxCapture(layers, ids, torch.float32)
+    with torch.no_grad():
+        aux, _ = run_batch(base, capture, seqs, pad_id=0, device="cpu", store_dtype=torch.float32)
+    capture.remove()
+    tapped = TappedVerifier(model, ids)
+    try:
+        offsets = [0, len(seqs[0]), len(seqs[0]) + len(seqs[1])]
+        for b, seq in enumerate(seqs):
+            _, eval_aux = tapped(seq, tapped.new_cache(), 0)
+            torch.testing.assert_close(eval_aux, aux[offsets[b]:offsets[b + 1]], rtol=1e-5, atol=1e-5)
+            hidden, _ = reference_states(model_dir, seq)
+            torch.testing.assert_close(eval_aux, torch.cat([hidden[i] for i in ids], dim=-1), rtol=1e-5, atol=1e-5)
+    finally:
+        tapped.close()
+    assert all(not layer._forward_pre_hooks for layer in layers)  # both removed their hooks

@@ -97,8 +97,18 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
 
     Pipeline(config).run()
     first = finished()
+    plan = {name: status for name, (status, _) in Pipeline(config).plan().items()}
+    assert plan == {"generate": "off (section 'generate')", "prepare": "done (skipped)", "vocab": "done (skipped)",
+                    "extract": "done (skipped)", "train": "done (skipped)", "export-eagle": "done (skipped)",
+                    "evaluate": "off (section 'evaluate')"}
     kept = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())["counts"]["conversations_read"]
     data.write_text("\n".join(rows[:4]) + "\n")  # the same path, edited in place
+    # the plan says what the run below does, and why
+    plan = {name: status for name, (status, _) in Pipeline(config).plan().items()}
+    assert plan["prepare"] == "done, but would run again (its settings or what it reads changed)"
+    assert all(plan[s] == "done, but would run again (prepare run(s) first)" for s in ("vocab", "extract")), plan
+    assert plan["train"].startswith("done, but would run again (prepare, vocab, extract")
+    assert finished() == first  # a dry run runs nothing
     Pipeline(config).run()
     second = finished()
     assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "export-eagle")), (first, second)

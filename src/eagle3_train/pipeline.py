@@ -1,8 +1,10 @@
 """`eagle3-train run --config FILE`: the whole pipeline on one YAML config, resumable stage by stage.
 
-[generate ->] prepare -> vocab -> extract -> train -> export -> evaluate. On a rerun a stage is skipped when it ran
-with the same settings and after every stage it reads; train resumes a run started with the same settings and sets
-any other aside. Ends with a summary table.
+[generate ->] prepare -> vocab -> extract -> train -> export -> evaluate, declared in `STAGES` (one `Stage` entry
+each: name, settings section, the stages it reads, the output it writes, how its key is computed, the function it
+runs); `Pipeline.run` loops over that list. On a rerun a stage is skipped when it ran with the same key (settings and
+the keys of what it reads) and after every stage it reads; train resumes a run started with the same key and sets
+any other aside. `run --dry-run` prints the plan. Ends with a summary table.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +71,11 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class StageRefused(Eagle3InputError):
+    """A stage's result cannot be used (generation skipped without generate.allow_fallback): it is forgotten, so the
+    next run tries it again."""
+
+
 class Pipeline:
     def __init__(self, config: dict[str, Any]):
         self.cfg = merged_config(config)
@@ -76,7 +86,7 @@ class Pipeline:
 
     def _done(self, stage: str, settings: dict[str, Any], output: Path, after: tuple[str, ...]) -> bool:
         rec = self.state["stages"].get(stage)
-        if not (rec and rec["settings_sha256"] == sha256_json(settings) and output.exists()):
+        if not (rec and rec.get("settings_sha256") == sha256_json(settings) and output.exists()):
             return False
         # Same settings but an upstream stage ran again since: the output was made from other inputs.
         # Nanoseconds: fast stages finish within the same second (older state files: the ISO time).
@@ -102,134 +112,6 @@ class Pipeline:
         log.info("[%s] done in %.0f s", name, time.time() - t0)
         return result
 
-    # --- stages -------------------------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        cfg, rd = self.cfg, self.run_dir
-        claim_output_dir(rd, "run_dir", has_file("pipeline_state.json", "pipeline_config.json"))
-        rd.mkdir(parents=True, exist_ok=True)
-        write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
-        verifier = cfg["verifier"]
-        trc = bool(cfg["trust_remote_code"])  # not in the stage keys: it lets code run, it does not change outputs
-        from eagle3_train.assets.verifier import resolve_verifier
-
-        verifier_dir = resolve_verifier(verifier)
-        # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
-        self.verifier_key = {"name": str(verifier), **verifier_key(verifier_dir)}
-        prep = dict(cfg["prepare"])
-        data_source = prep.pop("data")
-        gen = dict(cfg["generate"])
-        if gen.pop("enabled", False):
-            data_source = self._generate(data_source, verifier_dir, gen)
-        prepared = rd / "prepared"
-        p_settings = {"data": str(data_source), "data_sha256": data_sha256(data_source),
-                      "verifier": self.verifier_key, **prep}
-        from eagle3_train.data.prepare import prepare
-
-        manifest = self.stage("prepare", p_settings, prepared / "manifest.json",
-                              lambda: _counts(prepare(data_source, verifier, prepared, **prep,
-                                                      trust_remote_code=trc)),
-                              after=("generate",))
-        self.summary["data"] = manifest
-
-        vocab_dir = rd / "vocab"
-        v_settings = {**cfg["vocab"], "prepared": p_settings}
-        from eagle3_train.vocab.build import build_vocab
-
-        self.summary["vocab"] = self.stage("vocab", v_settings, vocab_dir / "vocab.safetensors",
-                                           lambda: _vocab_summary(build_vocab(prepared, vocab_dir,
-                                                                              overwrite=True, **cfg["vocab"])),
-                                           after=("prepare",))
-
-        hidden = rd / "hidden_states"
-        e_settings = {**cfg["extract"], "prepared": p_settings, "verifier": self.verifier_key}
-        from eagle3_train.hidden_states.extract import extract
-
-        self.summary["extract"] = self.stage(
-            "extract", e_settings, hidden / "manifest.json",
-            lambda: _extract_summary(extract(prepared, verifier, hidden, **cfg["extract"], trust_remote_code=trc,
-                                             overwrite=self._restarts("extract", e_settings))), after=("prepare",))
-
-        train_out = rd / "train"
-        t_values = {"prepared": str(prepared), "hidden_states": str(hidden), "vocab": str(vocab_dir),
-                    "out": str(train_out), "verifier": str(verifier), **cfg["train"]}
-        t_settings = {**t_values, "inputs": [p_settings, e_settings, v_settings]}
-        self.summary["train"] = self.stage("train", t_settings, train_out / "final",
-                                           lambda: self._train(t_values, train_out, t_settings),
-                                           after=("prepare", "vocab", "extract"))
-
-        exports: dict[str, str] = {}
-        ex = dict(cfg["export"])
-        formats = ex.pop("formats")
-        from eagle3_train.export.exporter import export
-
-        for fmt in formats:
-            out = rd / f"export-{fmt}"
-            res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
-                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier),
-                                                             overwrite=True, **ex), after=("train",))
-            exports[fmt] = res["out"]
-            self.summary.setdefault("serve", {})[fmt] = res["serve"]
-        self.summary["exports"] = exports
-        self._evaluate(exports, verifier_dir, t_settings)
-        write_json(rd / "summary.json", self.summary)
-        print(format_summary(self.summary))
-        return self.summary
-
-    def dry_run(self) -> dict[str, Any]:
-        """Validate the config and report which stages would run; when prepare, vocab and extract are done, run
-        `train --dry-run` on their outputs (nothing else is written)."""
-        from eagle3_train.assets.verifier import resolve_verifier
-        from eagle3_train.train.config import TrainConfig
-        from eagle3_train.train.dry_run import dry_run, format_report
-
-        cfg, rd = self.cfg, self.run_dir
-        verifier_dir = resolve_verifier(cfg["verifier"])
-        t_values = {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"),
-                    "vocab": str(rd / "vocab"), "out": str(rd / "train"), "verifier": str(cfg["verifier"]),
-                    "trust_remote_code": bool(cfg["trust_remote_code"]), **cfg["train"]}
-        train_cfg = build_settings(TrainConfig, t_values, "config section 'train'")
-        done = {name: name in self.state["stages"] and out.exists()
-                for name, out in (("prepare", rd / "prepared" / "manifest.json"),
-                                  ("vocab", rd / "vocab" / "vocab.safetensors"),
-                                  ("extract", rd / "hidden_states" / "manifest.json"))}
-        lines = [f"run --dry-run: config valid, verifier {verifier_dir}"]
-        lines += [f"  {k}: {'done (its output is checked by the train dry run)' if v else 'would run'}"
-                  for k, v in done.items()]
-        report: dict[str, Any] = {"stages_done": done}
-        if all(done.values()):
-            report["train"] = dry_run(train_cfg)
-            lines.append(format_report(report["train"]))
-        else:
-            lines.append("NOT checked: train (its inputs do not exist yet: run the pipeline up to extract, or "
-                         "`eagle3-train train --dry-run` on existing outputs), export, evaluate")
-        print("\n".join(lines))
-        return report
-
-    def _generate(self, data_source: str, verifier_dir: Path, gen: dict[str, Any]) -> str:
-        from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
-
-        out = self.run_dir / "generated"
-        fallback = bool(gen.pop("allow_fallback", False))
-        serving = self.cfg.get("serving") or {}
-        settings = {"data": data_source, "data_sha256": data_sha256(data_source), "verifier": self.verifier_key,
-                    **gen, **({"serving": serving} if serving else {})}
-        result = self.stage("generate", settings, out / "conversations.jsonl",
-                            lambda: run_generation_for_pipeline(data_source, verifier_dir, out, gen, serving,
-                                                                bool(self.cfg["trust_remote_code"])))
-        if not result or result.get("skipped"):
-            reason = (result or {}).get("reason")
-            if not fallback:  # on-policy data was asked for: never train off-policy without saying so in the config
-                self.state["stages"].pop("generate", None)
-                write_json(self.state_path, self.state)
-                raise Eagle3InputError(f"generate.enabled is true but generation cannot run: {reason}. Set "
-                                       f"generate.allow_fallback: true to train on the original answers instead.")
-            log.warning("generation skipped (%s); training on the original answers (generate.allow_fallback)",
-                        reason)
-            self.summary["generate"] = result
-            return data_source
-        self.summary["generate"] = result
-        return str(out / "conversations.jsonl")
-
     def _restarts(self, stage: str, settings: dict[str, Any]) -> bool:
         """Record that `stage` starts with these settings; True unless its output was started with these very
         settings and inputs (an interrupted run to resume)."""
@@ -239,38 +121,301 @@ class Pipeline:
         write_json(self.state_path, self.state)
         return restart
 
-    def _train(self, values: dict[str, Any], out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    def _context(self) -> RunContext:
+        from eagle3_train.assets.verifier import resolve_verifier
+
+        verifier = self.cfg["verifier"]
+        verifier_dir = resolve_verifier(verifier)
+        # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
+        self.verifier_key = {"name": str(verifier), **verifier_key(verifier_dir)}
+        return RunContext(cfg=self.cfg, run_dir=self.run_dir, verifier=verifier, verifier_dir=verifier_dir,
+                          verifier_key=self.verifier_key, pipeline=self, data_source=self.cfg["prepare"]["data"],
+                          summary=self.summary)
+
+    @staticmethod
+    def _reads(ctx: RunContext, stage: Stage) -> tuple[str, ...]:
+        """The state names of the stage instances `stage` reads (every variant of a stage with variants)."""
+        by_name = {s.name: s for s in STAGES}
+        return tuple(name for r in stage.reads for name, _ in by_name[r].instances(ctx))
+
+    def run(self) -> dict[str, Any]:
+        """Every enabled stage of STAGES in order, each skipped when done (see `stage`)."""
+        rd = self.run_dir
+        claim_output_dir(rd, "run_dir", has_file("pipeline_state.json", "pipeline_config.json"))
+        rd.mkdir(parents=True, exist_ok=True)
+        write_json(rd / "pipeline_config.json", {"config": self.cfg, "environment": environment(), "time": now_iso()})
+        ctx = self._context()
+        for st in STAGES:
+            if not st.enabled(ctx):
+                continue
+            for name, variant in st.instances(ctx):
+                key = ctx.keys[name] = st.key(ctx, variant)
+                result = self.stage(name, key, st.output(ctx, variant), partial(st.run, ctx, variant),
+                                    after=self._reads(ctx, st))
+                try:
+                    st.use(ctx, variant, result)
+                except StageRefused:
+                    self.state["stages"].pop(name, None)
+                    write_json(self.state_path, self.state)
+                    raise
+        self.summary.setdefault("exports", {})
+        write_json(rd / "summary.json", self.summary)
+        print(format_summary(self.summary))
+        return self.summary
+
+    def dry_run(self) -> dict[str, Any]:
+        """Validate the config and print the plan: which stages are done and which would run (and why); when
+        prepare, vocab and extract have outputs, run `train --dry-run` on them (nothing else is written)."""
         from eagle3_train.train.config import TrainConfig
-        from eagle3_train.train.trainer import train
-        cfg = build_settings(TrainConfig, values, "config section 'train'")
-        # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
-        # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
-        if self._restarts("train", settings) and out.exists():
-            aside = set_aside(out)
-            log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start",
-                        out, aside)
-        cfg.resume = (out / "checkpoints" / "latest.json").is_file()
-        cfg.trust_remote_code = bool(self.cfg["trust_remote_code"])  # recorded in the training metadata
-        r = train(cfg)
-        return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
-                "best": r["best"], "final": r.get("final")}
+        from eagle3_train.train.dry_run import dry_run, format_report
 
-    def _evaluate(self, exports: dict[str, str], verifier_dir: Path, t_settings: dict[str, Any]) -> None:
-        ev = dict(self.cfg["evaluate"])
-        run_vllm, run_offline = ev.pop("vllm"), ev.pop("offline")
-        if not (run_vllm or run_offline):
-            return
-        from eagle3_train.evaluate.pipeline_eval import pipeline_evaluate
+        ctx = self._context()
+        train_cfg = build_settings(TrainConfig, {**_train_values(ctx), "trust_remote_code": ctx.trust_remote_code},
+                                   "config section 'train'")
+        steps = self.plan(ctx)
+        lines = [f"run --dry-run: config valid, verifier {ctx.verifier_dir}"]
+        lines += [f"  {name}: {status} -> {where}" for name, (status, where) in steps.items()]
+        plan = {name: status for name, (status, _) in steps.items()}
+        done = {name: plan[name].startswith("done") for name in ("prepare", "vocab", "extract")}
+        report: dict[str, Any] = {"stages_done": done, "plan": plan}
+        if all(done.values()):
+            lines.append("  (the outputs of prepare, vocab and extract are checked by the train dry run)")
+            report["train"] = dry_run(train_cfg)
+            lines.append(format_report(report["train"]))
+        else:
+            lines.append("NOT checked: train (its inputs do not exist yet: run the pipeline up to extract, or "
+                         "`eagle3-train train --dry-run` on existing outputs), export, evaluate")
+        print("\n".join(lines))
+        return report
 
-        serving = self.cfg.get("serving") or {}
-        settings = {**ev, "vllm": run_vllm, "offline": run_offline, "train": t_settings,
-                    **({"serving": serving} if serving else {})}
-        self.summary["evaluate"] = self.stage(
-            "evaluate", settings, self.run_dir / "evaluate" / "results.json",
-            lambda: pipeline_evaluate(exports, verifier_dir, self.run_dir / "evaluate", vllm=run_vllm,
-                                      offline=run_offline, serving=serving,
-                                      trust_remote_code=bool(self.cfg["trust_remote_code"]), **ev),
-            after=tuple(f"export-{fmt}" for fmt in exports))
+    def plan(self, ctx: RunContext | None = None) -> dict[str, tuple[str, str]]:
+        """{stage instance: (what `run` would do with it, its output under run_dir)}, computed as `run` decides but
+        running nothing."""
+        ctx = ctx or self._context()
+        plan: dict[str, tuple[str, str]] = {}
+        for st in STAGES:
+            for name, variant in st.instances(ctx):
+                plan[name] = (self._plan(ctx, st, name, variant, {k: v[0] for k, v in plan.items()}),
+                              st.writes.format(variant=variant))
+        return plan
+
+    def _plan(self, ctx: RunContext, st: Stage, name: str, variant: str | None, plan: dict[str, str]) -> str:
+        """What `run` would do with this stage instance, computed as `run` does but without running anything."""
+        if not st.enabled(ctx):
+            return f"off (section '{st.section}')"
+        try:
+            key = ctx.keys[name] = st.key(ctx, variant)
+        except (Eagle3InputError, OSError) as e:  # e.g. data that an earlier stage has yet to write
+            key = ctx.keys[name] = None
+            log.debug("[%s] key not computable yet: %s", name, e)
+        rec, output = self.state["stages"].get(name), st.output(ctx, variant)
+        if rec is None or not output.exists():
+            return "would run"
+        reads = self._reads(ctx, st)
+        first = [r for r in reads if plan.get(r, "").startswith(("would run", "done, but"))]
+        if key is None or first or not self._done(name, key, output, reads):
+            why = f"{', '.join(first)} run(s) first" if first else "its settings or what it reads changed"
+            return f"done, but would run again ({why})"
+        try:
+            st.use(ctx, variant, rec.get("result"))
+        except Eagle3InputError as e:
+            return f"would run ({e})"
+        return "done (skipped)"
+
+
+# --- the stages -----------------------------------------------------------------------------------------------------
+@dataclass
+class RunContext:
+    """What the stages of one run share: the checked config, the verifier, and the keys and results so far."""
+    cfg: dict[str, Any]
+    run_dir: Path
+    verifier: str  # as the user named it
+    verifier_dir: Path
+    verifier_key: dict[str, Any]
+    pipeline: Pipeline
+    data_source: str = ""  # what prepare reads: the configured data, or generate's output
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> the key it ran (or was kept) with
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trust_remote_code(self) -> bool:  # not in the stage keys: it lets code run, it does not change outputs
+        return bool(self.cfg["trust_remote_code"])
+
+    def serving(self) -> dict[str, Any]:
+        return self.cfg.get("serving") or {}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One entry of the pipeline: the runner skips it when its key matches the recorded one, its output exists and
+    every stage it reads finished before it; otherwise it runs `run` and records the key and result."""
+    name: str  # its entry in pipeline_state.json (`NAME-VARIANT` for stages with variants)
+    section: str  # the config section of its settings
+    reads: tuple[str, ...]  # stages whose outputs it reads: one that ran later makes it run again
+    writes: str  # its output under run_dir ({variant} filled in); missing = not done
+    key: Callable[[RunContext, str | None], dict[str, Any]]  # what it depends on: settings and the keys it reads
+    run: Callable[[RunContext, str | None], Any]  # does the work; the result is recorded (JSON)
+    use: Callable[[RunContext, str | None, Any], None] = lambda ctx, variant, result: None  # result -> summary
+    enabled: Callable[[RunContext], bool] = lambda ctx: True
+    variants: Callable[[RunContext], list[str]] | None = None  # one entry per variant (export: per format)
+
+    def instances(self, ctx: RunContext) -> list[tuple[str, str | None]]:
+        """(state name, variant) of each instance this run has."""
+        if self.variants is None:
+            return [(self.name, None)]
+        return [(f"{self.name}-{v}", v) for v in self.variants(ctx)]
+
+    def output(self, ctx: RunContext, variant: str | None) -> Path:
+        return ctx.run_dir / self.writes.format(variant=variant)
+
+    def out_dir(self, ctx: RunContext, variant: str | None) -> Path:
+        return ctx.run_dir / self.writes.format(variant=variant).split("/")[0]
+
+
+def _section(ctx: RunContext, name: str, *drop: str) -> dict[str, Any]:
+    return {k: v for k, v in ctx.cfg[name].items() if k not in drop}
+
+
+def _with_serving(ctx: RunContext) -> dict[str, Any]:
+    return {"serving": ctx.serving()} if ctx.serving() else {}
+
+
+# generate: regenerate the assistant turns with the verifier served by vLLM (on-policy data).
+def _generate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    source = ctx.cfg["prepare"]["data"]
+    return {"data": source, "data_sha256": data_sha256(source), "verifier": ctx.verifier_key,
+            **_section(ctx, "generate", "enabled", "allow_fallback"), **_with_serving(ctx)}
+
+
+def _generate_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
+
+    return run_generation_for_pipeline(ctx.cfg["prepare"]["data"], ctx.verifier_dir, ctx.run_dir / "generated",
+                                       _section(ctx, "generate", "enabled", "allow_fallback"), ctx.serving(),
+                                       ctx.trust_remote_code)
+
+
+def _generate_use(ctx: RunContext, _v: str | None, result: Any) -> None:
+    if not result or result.get("skipped"):
+        reason = (result or {}).get("reason")
+        if not ctx.cfg["generate"].get("allow_fallback"):
+            # on-policy data was asked for: never train off-policy without saying so in the config
+            raise StageRefused(f"generate.enabled is true but generation cannot run: {reason}. Set "
+                               f"generate.allow_fallback: true to train on the original answers instead.")
+        log.warning("generation skipped (%s); training on the original answers (generate.allow_fallback)", reason)
+    else:
+        ctx.data_source = str(ctx.run_dir / "generated" / "conversations.jsonl")
+    ctx.summary["generate"] = result
+
+
+# prepare: tokenize with the verifier's chat template and the loss mask.
+def _prepare_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    return {"data": str(ctx.data_source), "data_sha256": data_sha256(ctx.data_source), "verifier": ctx.verifier_key,
+            **_section(ctx, "prepare", "data")}
+
+
+def _prepare_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.data.prepare import prepare
+
+    return _counts(prepare(ctx.data_source, ctx.verifier, ctx.run_dir / "prepared", **_section(ctx, "prepare", "data"),
+                           trust_remote_code=ctx.trust_remote_code))
+
+
+def _vocab_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.vocab.build import build_vocab
+
+    return _vocab_summary(build_vocab(ctx.run_dir / "prepared", ctx.run_dir / "vocab", overwrite=True,
+                                      **ctx.cfg["vocab"]))
+
+
+def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    return {**ctx.cfg["extract"], "prepared": ctx.keys["prepare"], "verifier": ctx.verifier_key}
+
+
+def _extract_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.hidden_states.extract import extract
+
+    restart = ctx.pipeline._restarts("extract", ctx.keys["extract"])  # else: resume an interrupted extraction
+    return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, ctx.run_dir / "hidden_states",
+                                    **ctx.cfg["extract"], trust_remote_code=ctx.trust_remote_code, overwrite=restart))
+
+
+def _train_values(ctx: RunContext) -> dict[str, Any]:
+    rd = ctx.run_dir
+    return {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"), "vocab": str(rd / "vocab"),
+            "out": str(rd / "train"), "verifier": str(ctx.verifier), **ctx.cfg["train"]}
+
+
+def _train_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    return {**_train_values(ctx), "inputs": [ctx.keys["prepare"], ctx.keys["extract"], ctx.keys["vocab"]]}
+
+
+def _train_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.train.trainer import train
+
+    cfg = build_settings(TrainConfig, _train_values(ctx), "config section 'train'")
+    out = ctx.run_dir / "train"
+    # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
+    # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
+    if ctx.pipeline._restarts("train", ctx.keys["train"]) and out.exists():
+        aside = set_aside(out)
+        log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start", out, aside)
+    cfg.resume = (out / "checkpoints" / "latest.json").is_file()
+    cfg.trust_remote_code = ctx.trust_remote_code  # recorded in the training metadata
+    r = train(cfg)
+    return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
+            "best": r["best"], "final": r.get("final")}
+
+
+def _export_run(ctx: RunContext, fmt: str | None) -> Any:
+    from eagle3_train.export.exporter import export
+
+    return export(ctx.run_dir / "train", ctx.run_dir / f"export-{fmt}", fmt=fmt, verifier=str(ctx.verifier),
+                  overwrite=True, **_section(ctx, "export", "formats"))
+
+
+def _export_use(ctx: RunContext, fmt: str | None, result: Any) -> None:
+    ctx.summary.setdefault("exports", {})[fmt] = result["out"]
+    ctx.summary.setdefault("serve", {})[fmt] = result["serve"]
+
+
+def _evaluate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    return {**ctx.cfg["evaluate"], "train": ctx.keys["train"], **_with_serving(ctx)}
+
+
+def _evaluate_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.evaluate.pipeline_eval import pipeline_evaluate
+
+    return pipeline_evaluate(ctx.summary.get("exports", {}), ctx.verifier_dir, ctx.run_dir / "evaluate",
+                             serving=ctx.serving(), trust_remote_code=ctx.trust_remote_code, **ctx.cfg["evaluate"])
+
+
+def _summarize(key: str) -> Callable[[RunContext, str | None, Any], None]:
+    def use(ctx: RunContext, _v: str | None, result: Any) -> None:
+        ctx.summary[key] = result
+    return use
+
+
+# The pipeline, in order. Adding a stage (or a backend of one) is one entry here; docs/ARCHITECTURE.md has the table.
+STAGES: tuple[Stage, ...] = (
+    Stage("generate", "generate", (), "generated/conversations.jsonl", _generate_key, _generate_run,
+          use=_generate_use, enabled=lambda ctx: bool(ctx.cfg["generate"].get("enabled"))),
+    Stage("prepare", "prepare", ("generate",), "prepared/manifest.json", _prepare_key, _prepare_run,
+          use=_summarize("data")),
+    Stage("vocab", "vocab", ("prepare",), "vocab/vocab.safetensors",
+          lambda ctx, _v: {**ctx.cfg["vocab"], "prepared": ctx.keys["prepare"]}, _vocab_run, use=_summarize("vocab")),
+    Stage("extract", "extract", ("prepare",), "hidden_states/manifest.json", _extract_key, _extract_run,
+          use=_summarize("extract")),
+    Stage("train", "train", ("prepare", "vocab", "extract"), "train/final", _train_key, _train_run,
+          use=_summarize("train")),
+    Stage("export", "export", ("train",), "export-{variant}/config.json",
+          lambda ctx, fmt: {**_section(ctx, "export", "formats"), "format": fmt, "train": ctx.keys["train"]},
+          _export_run, use=_export_use, variants=lambda ctx: list(ctx.cfg["export"]["formats"])),
+    Stage("evaluate", "evaluate", ("export",), "evaluate/results.json", _evaluate_key, _evaluate_run,
+          use=_summarize("evaluate"),
+          enabled=lambda ctx: bool(ctx.cfg["evaluate"]["vllm"] or ctx.cfg["evaluate"]["offline"])),
+)
 
 
 def verifier_key(verifier_dir: Path) -> dict[str, Any]:

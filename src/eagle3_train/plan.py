@@ -313,12 +313,7 @@ def plan(s: PlanSettings) -> Plan:
     checkpoint_dtype = str(text.get("torch_dtype") or text.get("dtype") or vcfg.get("torch_dtype")
                            or vcfg.get("dtype") or "bfloat16")
     mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype)
-    host = dict(detail["host"])
-    host["total"] = sum(host.values())
-    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each with its own copies
-    host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
-    if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
-        host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
+    host = _host_memory(detail, mem, s)
     mem["saved_by_term"] = detail["saved_by_term"]
 
     # Bytes moved per optimizer step and rank: the hidden states of its micro-batches (from disk or from the server,
@@ -336,6 +331,37 @@ def plan(s: PlanSettings) -> Plan:
     disk_need = hs["total_bytes"]
     disk_ok = None if s.disk_tb is None else disk_need <= s.disk_tb * TB
 
+    modes = _modes(disk_need, disk_step, wire_step, allreduce, mem_ok, disk_ok, s)
+    notes = _notes(weight_bytes, frozen_bytes, s)
+    rec = _recommend(modes, mem_ok, disk_ok, s)
+    fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
+    if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
+        rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
+                f"stays within noise")
+    settings = dataclasses.asdict(s)
+    verifier = {"config": str(cfg_path), "architectures": vcfg.get("architectures"),
+                "model_type": vcfg.get("model_type"), "hidden_size": text["hidden_size"],
+                "num_hidden_layers": text["num_hidden_layers"], "vocab_size": text["vocab_size"],
+                "tie_word_embeddings": tied, "dtype": checkpoint_dtype, "weight_bytes": weight_bytes,
+                "moe": {k: text[k] for k in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+                        if k in text}}
+    batch = {**g, "tokens_per_step": step_tokens, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+    return Plan(settings, verifier, draft_cfg.to_dict(), params, hs, batch, mem, host, modes, rec, notes)
+
+
+def _host_memory(detail: dict[str, Any], mem: dict[str, Any], s: PlanSettings) -> dict[str, Any]:
+    host = dict(detail["host"])
+    host["total"] = sum(host.values())
+    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each with its own copies
+    host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
+    if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
+        host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
+    return host
+
+
+def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_ok: bool | None,
+           disk_ok: bool | None, s: PlanSettings) -> dict[str, dict[str, Any]]:
+    """Disk, transfer per step and verifier passes of offline, hybrid and online training, and whether each fits."""
     def mode(disk: int, read: int, server: int, passes: int, how: str) -> dict[str, Any]:
         return {"disk_bytes": disk, "read_bytes_per_step": read, "server_bytes_per_step": server,
                 "allreduce_bytes_per_step": allreduce, "verifier_passes": passes, "how": how}
@@ -353,6 +379,10 @@ def plan(s: PlanSettings) -> Plan:
         md["disk_fits"] = d_ok
         md["fits"] = None if (mem_ok is None or d_ok is None) else bool(mem_ok and d_ok)
         md["needs_server"] = name != "offline"
+    return modes
+
+
+def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings) -> list[str]:
     notes = []
     if weight_bytes:
         notes.append(f"the verifier's weights are {weight_bytes / GB:.1f} GB: online/hybrid need them served "
@@ -368,20 +398,7 @@ def plan(s: PlanSettings) -> Plan:
     if s.precision == "bf16":
         notes.append("bf16 terms follow the code but were not measured here (no GPU); fp32 on CPU was measured "
                      "within 20% (benchmarks/README.md)")
-    rec = _recommend(modes, mem_ok, disk_ok, s)
-    fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
-    if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
-        rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
-                f"stays within noise")
-    settings = dataclasses.asdict(s)
-    verifier = {"config": str(cfg_path), "architectures": vcfg.get("architectures"),
-                "model_type": vcfg.get("model_type"), "hidden_size": text["hidden_size"],
-                "num_hidden_layers": text["num_hidden_layers"], "vocab_size": text["vocab_size"],
-                "tie_word_embeddings": tied, "dtype": checkpoint_dtype, "weight_bytes": weight_bytes,
-                "moe": {k: text[k] for k in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
-                        if k in text}}
-    batch = {**g, "tokens_per_step": step_tokens, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
-    return Plan(settings, verifier, draft_cfg.to_dict(), params, hs, batch, mem, host, modes, rec, notes)
+    return notes
 
 
 def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings) -> str:

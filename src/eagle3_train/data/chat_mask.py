@@ -11,12 +11,18 @@ Character spans are mapped to tokens through the fast tokenizer's offsets; a tok
 inside a span. Default system prompts, `| trim`-ing templates and headers are handled because every position comes
 from renderings of the same template.
 
+The same probes tell the offline evaluator where a turn ends: `end_of_turn_token_id` (the token generation stops
+at, the last supervised token of every reply) and `user_turn_delimiters` (to find user turns in rendered text), so
+training and evaluation read one template the same way.
+
 Python API: `ChatMasker(tokenizer, chat_template=None)` with `.spans(messages)`, `.encode(messages)`,
-`.encode_batch(list_of_messages)`; `supervised_runs(input_ids, loss_mask)`; `format_masked(tokenizer, ids, mask)`.
+`.encode_batch(list_of_messages)`; `supervised_runs(input_ids, loss_mask)`; `format_masked(tokenizer, ids, mask)`;
+`end_of_turn_token_id(tokenizer, chat_template=None)`; `user_turn_delimiters(tokenizer, chat_template=None)`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,9 +55,7 @@ class ChatMasker:
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
             raise ValueError("the tokenizer has no chat template; pass one (a .jinja file)")
-        specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
-        specials |= set(tokenizer.all_special_tokens)
-        self._specials = sorted((s for s in specials if s), key=len, reverse=True)
+        self._specials = special_tokens(tokenizer)
         self._marker_cache: dict[str, str] = {}
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
@@ -73,12 +77,7 @@ class ChatMasker:
     def end_marker(self, suffix: str) -> str:
         """The end-of-turn part of a turn suffix: up to and including its first special token."""
         if suffix not in self._marker_cache:
-            best = None
-            for s in self._specials:
-                k = suffix.find(s)
-                if k >= 0 and (best is None or k < best[0]):
-                    best = (k, s)
-            self._marker_cache[suffix] = suffix[:best[0] + len(best[1])] if best else suffix.rstrip()
+            self._marker_cache[suffix] = end_marker(suffix, self._specials)
         return self._marker_cache[suffix]
 
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
@@ -144,6 +143,66 @@ class ChatMasker:
         if isinstance(result, ChatTemplateError):
             raise result
         return result
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """The tokenizer's special tokens, longest first (a token containing another one is matched first)."""
+    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    specials |= set(tokenizer.all_special_tokens)
+    return sorted((s for s in specials if s), key=len, reverse=True)
+
+
+def end_marker(suffix: str, specials: Sequence[str]) -> str:
+    """The end-of-turn part of a turn suffix: up to and including its first special token (the longest one starting
+    there), else the whole suffix without trailing whitespace."""
+    best = None
+    for s in specials:  # longest first: on a tie of positions the longest wins
+        k = suffix.find(s)
+        if k >= 0 and (best is None or k < best[0]):
+            best = (k, s)
+    return suffix[:best[0] + len(best[1])] if best else suffix.rstrip()
+
+
+def assistant_end_marker(tokenizer, chat_template: str | None = None) -> str:
+    """The end-of-turn marker the template writes after an assistant reply ("" when it drops the reply)."""
+    probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
+                                           {"role": "assistant", "content": _SENTINEL}],
+                                          chat_template=chat_template, tokenize=False)
+    k = probe.rfind(_SENTINEL)
+    return end_marker(probe[k + len(_SENTINEL):], special_tokens(tokenizer)) if k >= 0 else ""
+
+
+def end_of_turn_token_id(tokenizer, chat_template: str | None = None) -> int | None:
+    """The token id of the assistant end-of-turn marker when it is one token (where generation stops), else None."""
+    marker = assistant_end_marker(tokenizer, chat_template)
+    ids = tokenizer(marker, add_special_tokens=False)["input_ids"] if marker else []
+    return ids[0] if len(ids) == 1 else None
+
+
+def user_turn_delimiters(tokenizer, chat_template: str | None = None) -> tuple[str, str]:
+    """(header, end marker) around a user message's content, read from the chat template itself."""
+    probe = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], chat_template=chat_template,
+                                          tokenize=False)
+    k = probe.find(_SENTINEL)
+    prefix, suffix = probe[:k], probe[k + len(_SENTINEL):]
+    specials = special_tokens(tokenizer)
+    starts = sorted({i for s in specials for i in find_all(prefix, s)})
+    header = prefix
+    if starts:
+        header = prefix[starts[-1]:]
+        # "<|end_header_id|>\n\n" alone would match every role: reach back to the token naming the role.
+        if "user" not in header and len(starts) > 1:
+            header = prefix[starts[-2]:]
+    return header, end_marker(suffix, specials)
+
+
+def find_all(text: str, sub: str) -> list[int]:
+    """Start offsets of every (possibly overlapping) occurrence of `sub` in `text`."""
+    out, i = [], text.find(sub)
+    while i >= 0:
+        out.append(i)
+        i = text.find(sub, i + 1)
+    return out
 
 
 def supervised_runs(input_ids, loss_mask) -> list[list[int]]:

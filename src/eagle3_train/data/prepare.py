@@ -124,91 +124,19 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         raise Eagle3InputError(f"verifier {verifier_dir}: {e}") from None
     renders_reasoning = masker.renders_reasoning()
     reasoning_mode = resolve_mode(reasoning, renders_reasoning)
-    reasoning_turns = 0
 
-    skipped: Counter[str] = Counter()
-    examples: dict[str, list[str]] = {}
-    samples: list[dict[str, Any]] = []
-    truncated = 0
-    trimmed_leading = 0  # conversations whose leading assistant turns were dropped by normalize_turns
-    n_read = 0
-
-    def skip(reason: str, conv_id: str) -> None:
-        skipped[reason] += 1
-        examples.setdefault(reason, [])
-        if len(examples[reason]) < _EXAMPLES_PER_REASON:
-            examples[reason].append(conv_id)
-
-    def flush(batch: list[tuple[str, list[dict[str, str]]]]) -> None:
-        nonlocal truncated
-        for (conv_id, _), res in zip(batch, masker.encode_batch([m for _, m in batch])):
-            if isinstance(res, ChatTemplateError):
-                if not skipped["chat_template_error"]:
-                    log.warning("conversation %s skipped: %s (later ones: see the manifest's skip counts)",
-                                conv_id, res)
-                skip("chat_template_error", conv_id)
-                continue
-            ids, mask = res.input_ids, res.loss_mask
-            cut = len(ids) > max_length
-            if cut:
-                if overflow == "drop":
-                    skip("too_long", conv_id)
-                    continue
-                ids, mask = ids[:max_length], mask[:max_length]
-            n_sup = sum(mask)
-            if n_sup == 0:
-                skip("no_supervised_after_truncation" if cut else "no_supervised_tokens", conv_id)
-                continue
-            truncated += cut
-            # numpy rows: a fraction of the memory of Python int lists for large sources
-            samples.append({"id": conv_id, "input_ids": np.asarray(ids, dtype=np.int32),
-                            "loss_mask": np.asarray(mask, dtype=np.int8), "length": len(ids), "n_supervised": n_sup})
-
-    batch: list[tuple[str, list[dict[str, str]]]] = []
+    kept = _Tokenized(masker, max_length, overflow)
     with progress(total=limit, desc="prepare", unit="conv") as bar:
-        for conv in conversations:
-            n_read += 1
-            bar.update(1)
-            messages, reason = normalize_turns(conv.messages, leading_assistant)
-            if reason:
-                skip(reason, conv.id)
-                continue
-            lead = next((m["role"] for m in conv.messages if m["role"] != "system"), None)
-            trimmed_leading += lead == "assistant"
-            with_reasoning = sum(1 for m in messages if m.get(REASONING_KEY))
-            if with_reasoning and reasoning_mode == "template" and not renders_reasoning:
-                raise Eagle3InputError(f"{info.path}: conversation {conv.id} carries reasoning_content but the chat "
-                                       f"template ignores it (it would be dropped silently); use --reasoning "
-                                       f"inline, drop or auto")
-            reasoning_turns += with_reasoning
-            batch.append((conv.id, place_reasoning(messages, reasoning_mode)))
-            if len(batch) >= _BATCH:
-                flush(batch)
-                batch = []
-        flush(batch)
-
-    if not samples:
-        raise Eagle3InputError(f"no usable conversations in {info.path}: read {n_read}, skipped "
-                               f"{dict(skipped) or 'none'}")
-    splits = assign_splits([s["id"] for s in samples], val_fraction, seed, val_count)
+        kept.add_all(conversations, info, bar, leading_assistant, reasoning_mode, renders_reasoning)
+    if not kept.samples:
+        raise Eagle3InputError(f"no usable conversations in {info.path}: read {kept.n_read}, skipped "
+                               f"{dict(kept.skipped) or 'none'}")
+    splits = assign_splits([s["id"] for s in kept.samples], val_fraction, seed, val_count)
     by_split: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
-    for s, name in zip(samples, splits):
+    for s, name in zip(kept.samples, splits):
         by_split[name].append(s)
 
-    counts = {
-        "conversations_read": n_read,
-        "kept": {k: len(v) for k, v in by_split.items()},
-        "skipped": dict(sorted(skipped.items())),
-        "skipped_total": sum(skipped.values()),
-        "bad_records": dict(sorted(info.bad_records.items())),  # skipped source records (skip_bad_records)
-        "truncated": truncated,
-        "trimmed_leading_assistant": trimmed_leading,
-        "assistant_turns_with_reasoning": reasoning_turns,
-        "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
-        "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
-        "max_length_seen": max(s["length"] for s in samples),
-    }
-    tokenizer_json = verifier_dir / "tokenizer.json"
+    counts = kept.counts(by_split, info)
     manifest: dict[str, Any] = {
         "stage": "prepare",
         "created": now_iso(),
@@ -216,33 +144,129 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "source": info.to_dict(),
         "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
                      "vocab_size": verifier_vocab_size(verifier_dir)},
-        "tokenizer": {
-            "path": str(verifier_dir),
-            "class": type(tokenizer).__name__,
-            "size": len(tokenizer),
-            "tokenizer_json_sha256": sha256_file(tokenizer_json) if tokenizer_json.is_file() else None,
-            "chat_template_sha256": sha256_text(masker.chat_template),
-            "chat_template_source": template_source,
-        },
+        "tokenizer": _tokenizer_record(verifier_dir, tokenizer, masker.chat_template, template_source),
         "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
                      "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
                      "reasoning": reasoning, "reasoning_placed": reasoning_mode,
                      "template_renders_reasoning": renders_reasoning, "skip_bad_records": skip_bad_records},
         "counts": counts,
-        "skip_examples": examples,
+        "skip_examples": kept.examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
         "environment": environment(),
     }
-    with atomic_dir(out_dir) as tmp:  # claimed above; replaces an earlier prepared output only when complete
+    _write_prepared(out_dir, by_split, manifest, t0)
+    log.info("prepared %d train + %d validation conversations (%d skipped, %d truncated) in %.1fs -> %s",
+             counts["kept"][TRAIN], counts["kept"][VALIDATION], counts["skipped_total"], kept.truncated,
+             manifest["elapsed_s"], out_dir)
+    return manifest
+
+
+class _Tokenized:
+    """The conversations prepare keeps, as token ids and loss masks, and the counts of what it skipped and why."""
+
+    def __init__(self, masker: ChatMasker, max_length: int, overflow: str) -> None:
+        self.masker, self.max_length, self.overflow = masker, max_length, overflow
+        self.skipped: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+        self.samples: list[dict[str, Any]] = []
+        self.truncated = 0
+        self.trimmed_leading = 0  # conversations whose leading assistant turns were dropped by normalize_turns
+        self.reasoning_turns = 0
+        self.n_read = 0
+
+    def skip(self, reason: str, conv_id: str) -> None:
+        self.skipped[reason] += 1
+        self.examples.setdefault(reason, [])
+        if len(self.examples[reason]) < _EXAMPLES_PER_REASON:
+            self.examples[reason].append(conv_id)
+
+    def add_all(self, conversations, info, bar, leading_assistant: str, reasoning_mode: str,
+                renders_reasoning: bool) -> None:
+        """Normalize each conversation's turns, place its reasoning, and tokenize in batches of _BATCH."""
+        batch: list[tuple[str, list[dict[str, str]]]] = []
+        for conv in conversations:
+            self.n_read += 1
+            bar.update(1)
+            messages, reason = normalize_turns(conv.messages, leading_assistant)
+            if reason:
+                self.skip(reason, conv.id)
+                continue
+            lead = next((m["role"] for m in conv.messages if m["role"] != "system"), None)
+            self.trimmed_leading += lead == "assistant"
+            with_reasoning = sum(1 for m in messages if m.get(REASONING_KEY))
+            if with_reasoning and reasoning_mode == "template" and not renders_reasoning:
+                raise Eagle3InputError(f"{info.path}: conversation {conv.id} carries reasoning_content but the chat "
+                                       f"template ignores it (it would be dropped silently); use --reasoning "
+                                       f"inline, drop or auto")
+            self.reasoning_turns += with_reasoning
+            batch.append((conv.id, place_reasoning(messages, reasoning_mode)))
+            if len(batch) >= _BATCH:
+                self.flush(batch)
+                batch = []
+        self.flush(batch)
+
+    def flush(self, batch: list[tuple[str, list[dict[str, str]]]]) -> None:
+        max_length = self.max_length
+        for (conv_id, _), res in zip(batch, self.masker.encode_batch([m for _, m in batch])):
+            if isinstance(res, ChatTemplateError):
+                if not self.skipped["chat_template_error"]:
+                    log.warning("conversation %s skipped: %s (later ones: see the manifest's skip counts)",
+                                conv_id, res)
+                self.skip("chat_template_error", conv_id)
+                continue
+            ids, mask = res.input_ids, res.loss_mask
+            cut = len(ids) > max_length
+            if cut:
+                if self.overflow == "drop":
+                    self.skip("too_long", conv_id)
+                    continue
+                ids, mask = ids[:max_length], mask[:max_length]
+            n_sup = sum(mask)
+            if n_sup == 0:
+                self.skip("no_supervised_after_truncation" if cut else "no_supervised_tokens", conv_id)
+                continue
+            self.truncated += cut
+            # numpy rows: a fraction of the memory of Python int lists for large sources
+            self.samples.append({"id": conv_id, "input_ids": np.asarray(ids, dtype=np.int32),
+                                 "loss_mask": np.asarray(mask, dtype=np.int8), "length": len(ids),
+                                 "n_supervised": n_sup})
+
+    def counts(self, by_split: dict[str, list[dict[str, Any]]], info) -> dict[str, Any]:
+        return {
+            "conversations_read": self.n_read,
+            "kept": {k: len(v) for k, v in by_split.items()},
+            "skipped": dict(sorted(self.skipped.items())),
+            "skipped_total": sum(self.skipped.values()),
+            "bad_records": dict(sorted(info.bad_records.items())),  # skipped source records (skip_bad_records)
+            "truncated": self.truncated,
+            "trimmed_leading_assistant": self.trimmed_leading,
+            "assistant_turns_with_reasoning": self.reasoning_turns,
+            "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
+            "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
+            "max_length_seen": max(s["length"] for s in self.samples),
+        }
+
+
+def _tokenizer_record(verifier_dir: Path, tokenizer, chat_template: str, template_source: str) -> dict[str, Any]:
+    tokenizer_json = verifier_dir / "tokenizer.json"
+    return {
+        "path": str(verifier_dir),
+        "class": type(tokenizer).__name__,
+        "size": len(tokenizer),
+        "tokenizer_json_sha256": sha256_file(tokenizer_json) if tokenizer_json.is_file() else None,
+        "chat_template_sha256": sha256_text(chat_template),
+        "chat_template_source": template_source,
+    }
+
+
+def _write_prepared(out_dir: Path, by_split: dict[str, list[dict[str, Any]]], manifest: dict[str, Any],
+                    t0: float) -> None:
+    with atomic_dir(out_dir) as tmp:  # claimed by prepare; replaces an earlier prepared output only when complete
         # Explicit shard counts: datasets cannot load back an empty split saved with its default of 0 shards.
         shards = {k: max(1, -(-sum(s["length"] for s in v) * 5 // _SHARD_BYTES)) for k, v in by_split.items()}
         _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"), num_shards=shards)
         manifest["elapsed_s"] = round(time.time() - t0, 3)
         write_json(tmp / "manifest.json", manifest)
-    log.info("prepared %d train + %d validation conversations (%d skipped, %d truncated) in %.1fs -> %s",
-             counts["kept"][TRAIN], counts["kept"][VALIDATION], counts["skipped_total"], truncated,
-             manifest["elapsed_s"], out_dir)
-    return manifest
 
 
 def _to_dataset_dict(by_split: dict[str, list[dict[str, Any]]]):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.data.chat_mask import end_of_turn_token_id, find_all, user_turn_delimiters
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import OfflineEvalSettings
@@ -33,8 +34,6 @@ from eagle3_train.utils.io import Eagle3InputError, read_json
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
-
-_SENTINEL = "eagle3evalSentinelQz7"
 
 
 class GreedyMismatchError(AssertionError):
@@ -107,23 +106,23 @@ class TappedVerifier:
     """A HF causal LM whose forward also returns the inputs of the aux layers (= HF hidden_states[i])."""
 
     def __init__(self, model, aux_layer_ids: tuple[int, ...]):
+        from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
+
         self.model = model
         self.aux_layer_ids = tuple(aux_layer_ids)
-        self.capture = True
-        self._seen: dict[int, torch.Tensor] = {}
-        layers = model.get_decoder().layers
-        self._hooks = [layers[i].register_forward_pre_hook(self._hook(i), with_kwargs=True)
-                       for i in sorted(set(self.aux_layer_ids))]
+        self._taps = AuxCapture(decoder_parts(model)[1], self.aux_layer_ids)
 
-    def _hook(self, i: int):
-        def hook(_module, args, kwargs):
-            if self.capture:
-                self._seen[i] = args[0] if args else kwargs["hidden_states"]
-        return hook
+    @property
+    def capture(self) -> bool:
+        """False while forwards whose aux states are not needed run (the greedy reference)."""
+        return self._taps.enabled
+
+    @capture.setter
+    def capture(self, on: bool) -> None:
+        self._taps.enabled = on
 
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
+        self._taps.remove()
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -137,10 +136,10 @@ class TappedVerifier:
         device = self.model.device
         input_ids = torch.tensor([ids], device=device)
         positions = torch.arange(start, start + len(ids), device=device)[None]
-        self._seen.clear()
+        self._taps.captured.clear()
         out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=cache, use_cache=True,
                          logits_to_keep=0 if all_logits else 1)
-        aux = torch.cat([self._seen[i][0] for i in self.aux_layer_ids], dim=-1) if self.capture else None
+        aux = self._taps.take()[0] if self.capture else None
         return out.logits[0].float(), aux
 
 
@@ -336,29 +335,10 @@ def stop_token_ids(tokenizer, model) -> set[int]:
         elif value:
             stop.update(int(v) for v in value)
     if tokenizer.chat_template:
-        probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
-                                               {"role": "assistant", "content": _SENTINEL}], tokenize=False)
-        suffix = probe[probe.rfind(_SENTINEL) + len(_SENTINEL):]
-        marker = _end_marker(tokenizer, suffix)
-        ids = tokenizer(marker, add_special_tokens=False)["input_ids"] if marker else []
-        if len(ids) == 1:
-            stop.add(ids[0])
+        eot = end_of_turn_token_id(tokenizer)
+        if eot is not None:
+            stop.add(eot)
     return stop
-
-
-def _special_tokens(tokenizer) -> list[str]:
-    specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
-    specials |= set(tokenizer.all_special_tokens)
-    return sorted((s for s in specials if s), key=len, reverse=True)
-
-
-def _end_marker(tokenizer, suffix: str) -> str:
-    """The turn suffix up to and including its first special token (else the suffix without trailing space)."""
-    hits = [(suffix.find(s), s) for s in _special_tokens(tokenizer) if s in suffix]
-    if not hits:
-        return suffix.rstrip()
-    k, s = min(hits, key=lambda x: (x[0], -len(x[1])))
-    return suffix[: k + len(s)]
 
 
 # --- held-out check ---------------------------------------------------------------------------------------------
@@ -366,35 +346,10 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def _user_turn_delimiters(tokenizer, template: str | None) -> tuple[str, str]:
-    """(header, end marker) around a user message's content, read from the chat template itself."""
-    probe = tokenizer.apply_chat_template([{"role": "user", "content": _SENTINEL}], chat_template=template,
-                                          tokenize=False)
-    k = probe.find(_SENTINEL)
-    prefix, suffix = probe[:k], probe[k + len(_SENTINEL):]
-    specials = _special_tokens(tokenizer)
-    starts = sorted({i for s in specials for i in _find_all(prefix, s)})
-    header = prefix
-    if starts:
-        header = prefix[starts[-1]:]
-        # "<|end_header_id|>\n\n" alone would match every role: reach back to the token naming the role.
-        if "user" not in header and len(starts) > 1:
-            header = prefix[starts[-2]:]
-    return header, _end_marker(tokenizer, suffix)
-
-
-def _find_all(text: str, sub: str) -> list[int]:
-    out, i = [], text.find(sub)
-    while i >= 0:
-        out.append(i)
-        i = text.find(sub, i + 1)
-    return out
-
-
 def user_turns_of(text: str, header: str, end: str) -> list[str]:
     """Normalized contents of the user turns in a rendered (decoded) conversation; cut-off turns are skipped."""
     out = []
-    for i in _find_all(text, header):
+    for i in find_all(text, header):
         a = i + len(header)
         b = text.find(end, a) if end else -1
         if b >= 0:
@@ -417,7 +372,7 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
             template = Path(source).read_text()
         else:
             notes.append(f"prepared with chat template {source!r}, not available here: used the tokenizer's")
-    header, end = _user_turn_delimiters(tokenizer, template)
+    header, end = user_turn_delimiters(tokenizer, template)
     wanted: dict[str, list[tuple[str, int]]] = {}
     for p in prompts:
         for t, turn in enumerate(p.turns):
@@ -502,9 +457,47 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
         draft, draft_info = load_draft_for_eval(draft, verifier_model, vdir)
     draft = draft.to(device=device, dtype=dtype).eval()
     metadata = draft_info.pop("metadata", None) or {}
-
     if prepared is None:
         prepared = (metadata.get("data") or {}).get("prepared")
+    held = _held_out(prompts, prepared, tokenizer)
+
+    tapped = TappedVerifier(verifier_model, draft.config.aux_layer_ids)
+    stop = stop_token_ids(tokenizer, verifier_model)
+    run = _OfflineRun(tapped, draft, tokenizer, stop, k=k, max_new_tokens=max_new_tokens, check_greedy=check_greedy,
+                      tie_tol=tie_tol, record_rounds=record_rounds)
+    records: list[dict[str, Any]] = []
+    bar = progress(total=len(prompts), desc="offline eval", unit="prompt")
+    try:
+        for p in prompts:
+            records.append(run.prompt(p))
+            bar.update(1)
+            bar.set_postfix_str(f"{run.overall.new_tokens / max(run.overall.seconds, 1e-9):.1f} tok/s, "
+                                f"τ={run.overall.summary()['mean_acceptance_length'] or 0:.2f}")
+    finally:
+        bar.close()
+        tapped.close()
+
+    summary = run.overall.summary()
+    return {
+        "mode": "offline",
+        "settings": {"k": k, "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype),
+                     "num_prompts": len(prompts), "check_greedy": check_greedy, "tie_tol": tie_tol},
+        "draft": draft_info,
+        "verifier": {"path": str(vdir), "num_layers": verifier_model.config.get_text_config().num_hidden_layers},
+        "stop_token_ids": sorted(stop),
+        "overall": summary,
+        "benchmarks": {name: t.summary() for name, t in run.by_benchmark.items()},
+        "held_out": held.get("held_out"),
+        "held_out_check": held,
+        "greedy_check": {"checked": check_greedy, "passed": (not run.mismatches) if check_greedy else None,
+                         "mismatches": run.mismatches},
+        "speed": run.speed(summary),
+        "prompts": records,
+    }
+
+
+def _held_out(prompts: list[EvalPrompt], prepared: str | Path | None, tokenizer) -> dict[str, Any]:
+    """The held-out check against `prepared` when it exists, else a record of why it was skipped."""
     if prepared and Path(prepared).is_dir():
         held = held_out_check(prompts, prepared, tokenizer)
     else:
@@ -515,77 +508,70 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
     if held.get("checked") and not held["held_out"]:
         log.warning("%d evaluation prompt(s) occur in the training data: %s", len(held["prompts_in_train"]),
                     held["prompts_in_train"][:10])
+    return held
 
-    tapped = TappedVerifier(verifier_model, draft.config.aux_layer_ids)
-    stop = stop_token_ids(tokenizer, verifier_model)
-    tallies: dict[str, Tally] = {}
-    overall = Tally(k)
-    greedy_tally = Tally(k)
-    records: list[dict[str, Any]] = []
-    mismatches: list[dict[str, Any]] = []
-    bar = progress(total=len(prompts), desc="offline eval", unit="prompt")
-    try:
-        for p in prompts:
-            messages: list[dict[str, str]] = []
-            rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": []}
-            for t, turn in enumerate(p.turns):
-                messages.append({"role": "user", "content": turn})
-                prompt_ids = render_prompt(tokenizer, messages)
-                spec = chain_decode(tapped, draft, prompt_ids, k, max_new_tokens, stop, record_rounds)
-                overall.add(spec)
-                tallies.setdefault(p.benchmark, Tally(k)).add(spec)
-                turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),
-                                            "drafts": spec.drafts, "accepted": sum(spec.accepted_per_pos),
-                                            "verifier_forwards": spec.verifier_forwards,
-                                            "seconds": round(spec.seconds, 3)}
-                if check_greedy:
-                    ref = greedy_decode(tapped, prompt_ids, max_new_tokens, stop)
-                    greedy_tally.add(ref)
-                    diff = compare_with_greedy(tapped, prompt_ids, spec.tokens, ref, tie_tol)
-                    turn_rec["greedy_identical"] = diff is None
-                    if diff is not None:
-                        diff = {"prompt": p.id, "turn": t + 1, **diff}
-                        mismatches.append(diff)
-                        if not diff["near_tie"]:
-                            raise GreedyMismatchError(
-                                f"prompt {p.id} turn {t + 1}: speculative output differs from greedy decoding at "
-                                f"new token {diff['position']}: {diff}")
-                        log.warning("near-tie difference from greedy decoding: %s", diff)
-                if record_rounds:
-                    turn_rec["tokens"] = spec.tokens
-                    turn_rec["rounds"] = spec.rounds
-                answer = tokenizer.decode([x for x in spec.tokens if x not in stop], skip_special_tokens=True)
-                turn_rec["output"] = answer
-                rec["turns"].append(turn_rec)
-                messages.append({"role": "assistant", "content": answer})  # turn 2 follows the model's own answer
-            records.append(rec)
-            bar.update(1)
-            bar.set_postfix_str(f"{overall.new_tokens / max(overall.seconds, 1e-9):.1f} tok/s, "
-                                f"τ={overall.summary()['mean_acceptance_length'] or 0:.2f}")
-    finally:
-        bar.close()
-        tapped.close()
 
-    summary = overall.summary()
-    speed: dict[str, Any] = {"speculative_tokens_per_s": summary["tokens_per_s"],
-                             "speculative_seconds": summary["seconds"]}
-    if check_greedy and greedy_tally.seconds:
-        g = greedy_tally.summary()
-        speed.update(greedy_tokens_per_s=g["tokens_per_s"], greedy_seconds=g["seconds"],
-                     wall_speedup=g["seconds"] / summary["seconds"] if summary["seconds"] else None)
-    return {
-        "mode": "offline",
-        "settings": {"k": k, "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype),
-                     "num_prompts": len(prompts), "check_greedy": check_greedy, "tie_tol": tie_tol},
-        "draft": draft_info,
-        "verifier": {"path": str(vdir), "num_layers": verifier_model.config.get_text_config().num_hidden_layers},
-        "stop_token_ids": sorted(stop),
-        "overall": summary,
-        "benchmarks": {name: t.summary() for name, t in tallies.items()},
-        "held_out": held.get("held_out"),
-        "held_out_check": held,
-        "greedy_check": {"checked": check_greedy, "passed": (not mismatches) if check_greedy else None,
-                         "mismatches": mismatches},
-        "speed": speed,
-        "prompts": records,
-    }
+class _OfflineRun:
+    """Decodes the prompts one turn at a time and keeps the tallies (overall, per benchmark, greedy reference)."""
+
+    def __init__(self, tapped: TappedVerifier, draft: Eagle3Draft, tokenizer, stop: set[int], *, k: int,
+                 max_new_tokens: int, check_greedy: bool, tie_tol: float, record_rounds: bool) -> None:
+        self.tapped, self.draft, self.tokenizer, self.stop = tapped, draft, tokenizer, stop
+        self.k, self.max_new_tokens, self.check_greedy = k, max_new_tokens, check_greedy
+        self.tie_tol, self.record_rounds = tie_tol, record_rounds
+        self.overall, self.greedy = Tally(k), Tally(k)
+        self.by_benchmark: dict[str, Tally] = {}
+        self.mismatches: list[dict[str, Any]] = []
+
+    def prompt(self, p: EvalPrompt) -> dict[str, Any]:
+        """Every turn of one prompt; turn 2 follows the model's own answer to turn 1."""
+        messages: list[dict[str, str]] = []
+        rec: dict[str, Any] = {"id": p.id, "benchmark": p.benchmark, "turns": []}
+        for t, turn in enumerate(p.turns):
+            messages.append({"role": "user", "content": turn})
+            turn_rec = self.turn(p, t, render_prompt(self.tokenizer, messages))
+            rec["turns"].append(turn_rec)
+            messages.append({"role": "assistant", "content": turn_rec["output"]})
+        return rec
+
+    def turn(self, p: EvalPrompt, t: int, prompt_ids: list[int]) -> dict[str, Any]:
+        spec = chain_decode(self.tapped, self.draft, prompt_ids, self.k, self.max_new_tokens, self.stop,
+                            self.record_rounds)
+        self.overall.add(spec)
+        self.by_benchmark.setdefault(p.benchmark, Tally(self.k)).add(spec)
+        turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),
+                                    "drafts": spec.drafts, "accepted": sum(spec.accepted_per_pos),
+                                    "verifier_forwards": spec.verifier_forwards,
+                                    "seconds": round(spec.seconds, 3)}
+        if self.check_greedy:
+            turn_rec["greedy_identical"] = self.same_as_greedy(p, t, prompt_ids, spec)
+        if self.record_rounds:
+            turn_rec["tokens"] = spec.tokens
+            turn_rec["rounds"] = spec.rounds
+        turn_rec["output"] = self.tokenizer.decode([x for x in spec.tokens if x not in self.stop],
+                                                   skip_special_tokens=True)
+        return turn_rec
+
+    def same_as_greedy(self, p: EvalPrompt, t: int, prompt_ids: list[int], spec: TurnOutput) -> bool:
+        """Whether the speculative output equals greedy decoding; raises GreedyMismatchError unless on a near-tie."""
+        ref = greedy_decode(self.tapped, prompt_ids, self.max_new_tokens, self.stop)
+        self.greedy.add(ref)
+        diff = compare_with_greedy(self.tapped, prompt_ids, spec.tokens, ref, self.tie_tol)
+        if diff is None:
+            return True
+        diff = {"prompt": p.id, "turn": t + 1, **diff}
+        self.mismatches.append(diff)
+        if not diff["near_tie"]:
+            raise GreedyMismatchError(f"prompt {p.id} turn {t + 1}: speculative output differs from greedy decoding "
+                                      f"at new token {diff['position']}: {diff}")
+        log.warning("near-tie difference from greedy decoding: %s", diff)
+        return False
+
+    def speed(self, summary: dict[str, Any]) -> dict[str, Any]:
+        speed: dict[str, Any] = {"speculative_tokens_per_s": summary["tokens_per_s"],
+                                 "speculative_seconds": summary["seconds"]}
+        if self.check_greedy and self.greedy.seconds:
+            g = self.greedy.summary()
+            speed.update(greedy_tokens_per_s=g["tokens_per_s"], greedy_seconds=g["seconds"],
+                         wall_speedup=g["seconds"] / summary["seconds"] if summary["seconds"] else None)
+        return speed

@@ -43,7 +43,7 @@ from eagle3_train.assets.verifier import (
     same_verifier,
     verifier_identity,
 )
-from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -202,45 +202,6 @@ def check_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
                                f"prepared for")
 
 
-def decoder_parts(model) -> tuple[Any, Any]:
-    """The base model (embeddings + decoder layers + final norm, no lm_head) and its list of decoder layers."""
-    base = getattr(model, "model", None)
-    if base is None and hasattr(model, "get_decoder"):
-        base = model.get_decoder()
-    layers = getattr(base, "layers", None)
-    if base is None or layers is None:
-        raise Eagle3InputError(f"unsupported verifier architecture {type(model).__name__}: expected a causal LM "
-                               f"with .model.layers (Llama-style decoder)")
-    return base, layers
-
-
-class AuxCapture:
-    """Forward pre-hooks that keep the real (unpadded) rows of the inputs of the tapped decoder layers."""
-
-    def __init__(self, layers, layer_ids: Sequence[int], dtype) -> None:
-        self.layer_ids = tuple(layer_ids)
-        self.dtype = dtype
-        self.mask = None  # [B, T] bool, set before each forward
-        self.captured: dict[int, Any] = {}
-        self.handles = [layers[i].register_forward_pre_hook(partial(self._hook, i), with_kwargs=True)
-                        for i in sorted(set(self.layer_ids))]
-
-    def _hook(self, layer_id: int, module, args, kwargs) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        self.captured[layer_id] = hidden[self.mask].to(self.dtype)
-
-    def take(self):
-        import torch
-
-        out = torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
-        self.captured.clear()
-        return out
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
 def run_batch(base, capture: AuxCapture, seqs: Sequence[Sequence[int]], pad_id: int, device: str, store_dtype):
     """One padded forward of the base model; returns (aux [n, 3H], final [n, H]) for the real tokens, on device."""
     import torch
@@ -376,11 +337,119 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     the hidden-state servers at `endpoints` (`vllm_options`: `model`, `concurrency`, ... of `VLLMHiddenStates`).
     Returns the manifest.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     out_dir, prepared_dir = Path(out_dir), Path(prepared_dir)
     splits = tuple(_D().splits if splits is None else splits)
+    _check_arguments(splits, token_budget, max_samples, backend, endpoints)
+    store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
+    ds = load_prepared(prepared_dir, splits)
+    verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code)
+    num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
+    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
+    if backend == "vllm":  # the server decides where and in which dtype the verifier runs
+        device, compute_dtype = "vllm", None
+    else:
+        device = resolve_device(device)
+        compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
+        _torch_dtype(compute_dtype)  # a bad name fails before any output is touched
+    bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
+    if shard_tokens is None:
+        shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
+    if shard_tokens < 1:
+        raise Eagle3InputError(f"shard_tokens must be >= 1, got {shard_tokens}")
+
+    # Plan every split up front: the disk estimate and the resume check need the whole picture.
+    plans = {split: _plan_split(ds[split], split, max_samples, shard_tokens, text_config) for split in splits}
+    settings = {
+        # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
+        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
+        "backend": backend,
+        "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
+        "hidden_size": hidden, "num_layers": num_layers,
+        "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
+        "max_samples": max_samples, "shard_tokens": int(shard_tokens),
+    }
+    old_manifest = _resumable_manifest(out_dir, settings, overwrite)
+    done = _done_shards(out_dir, plans, old_manifest)
+    total_tokens = sum(p.num_tokens for s in splits for p in plans[s])
+    todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
+    what = (f"{sum(len(p.rows) for s in splits for p in plans[s])} samples, {total_tokens} tokens ({todo_tokens} "
+            f"left) x {bytes_per_token} B/token (4 x H={hidden} x {dtype})")
+    _check_disk_space(out_dir, what, todo_tokens, bytes_per_token, disk_margin, overwrite)
+    _clear_output(out_dir, overwrite)
+
+    manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
+                             aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token, token_budget=token_budget,
+                             device=device, trust_remote_code=trust_remote_code,
+                             estimated_bytes=total_tokens * bytes_per_token)
+    write_json(out_dir / "manifest.json", manifest)
+
+    forward = _VerifierForward(backend, verifier_path, ids, store_dtype, text_config, device=device,
+                               compute_dtype=compute_dtype, trust_remote_code=trust_remote_code,
+                               endpoints=endpoints, vllm_options=vllm_options)
+    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0}
+    start, start_cpu = time.perf_counter(), time.process_time()
+    bar = progress(total=todo_tokens, desc="extract", unit="tok")
+    try:
+        for split in splits:
+            manifest["splits"][split] = _extract_split(
+                ds[split], split, plans[split], done[split], out_dir / split, forward, manifest, bar, stats,
+                token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype, dtype=dtype)
+    finally:
+        bar.close()
+        forward.close(manifest)
+
+    if stats["tokens"]:
+        manifest["throughput"] = _throughput(stats, forward, start, start_cpu, device, compute_dtype, token_budget)
+    manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
+                          for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
+    manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
+    manifest["updated"] = now_iso()
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def _open_verifier(prepared_dir: Path, verifier: str | Path | None, trust_remote_code: bool):
+    """(verifier as named, its local directory, its text config); None: the verifier the data was prepared with."""
+    from transformers import AutoConfig
+
+    if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
+        recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
+        verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
+    verifier_path = resolve_verifier(verifier)
+    check_tokenizer(prepared_dir, verifier_path)
+    config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
+    return verifier, verifier_path, config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[str], *, verifier: str | Path,
+                  prepared_dir: Path, aux_width: int, bytes_per_token: int, token_budget: int, device: str,
+                  trust_remote_code: bool, estimated_bytes: int) -> dict:
+    """The in-progress manifest written before the first shard (what a resume keeps of the old one included)."""
+    from eagle3_train.hidden_states import fp8
+
+    manifest = {
+        "stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "in_progress",
+        **settings,
+        "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
+        "aux_width": aux_width, "bytes_per_token": bytes_per_token, "splits": {},
+        "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
+        "estimated_bytes": estimated_bytes,
+        "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
+        "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
+    }
+    if settings["dtype"] == fp8.STORE_NAME:
+        manifest["fp8_scales"] = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale "
+                                  "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
+    if settings["backend"] == "vllm":
+        manifest["vllm"] = (old_manifest or {}).get("vllm")
+    for split in (old_manifest or {}).get("splits", {}):
+        if split not in splits:  # splits extracted by an earlier command stay recorded
+            manifest["splits"][split] = old_manifest["splits"][split]
+    return manifest
+
+
+def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int | None, backend: str,
+                     endpoints: Sequence[str]) -> None:
     if not splits:
         raise Eagle3InputError("no splits to extract")
     if token_budget < 1:
@@ -392,53 +461,25 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     if backend == "vllm" and not endpoints:
         raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
                                "`eagle3-train serve --extract-hidden-states`)")
-    store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
-    ds = load_prepared(prepared_dir, splits)
-    if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
-        recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
-        verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
-    verifier_path = resolve_verifier(verifier)
-    check_tokenizer(prepared_dir, verifier_path)
-    config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
-    if backend == "vllm":  # the server decides where and in which dtype the verifier runs
-        device, compute_dtype = "vllm", None
-    else:
-        device = resolve_device(device)
-        compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
-        compute_torch_dtype = _torch_dtype(compute_dtype)
-    bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
-    if shard_tokens is None:
-        shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
-    if shard_tokens < 1:
-        raise Eagle3InputError(f"shard_tokens must be >= 1, got {shard_tokens}")
 
-    # Plan every split up front: the disk estimate and the resume check need the whole picture.
-    plans: dict[str, list[ShardPlan]] = {}
+
+def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text_config) -> list[ShardPlan]:
+    """The shards of one split, after checking that no sample is longer than the verifier's positions."""
+    lengths = ds.data.column("length").to_pylist()
+    if max_samples is not None:
+        lengths = lengths[:max_samples]
     max_pos = getattr(text_config, "max_position_embeddings", None)
-    for split in splits:
-        lengths = ds[split].data.column("length").to_pylist()
-        if max_samples is not None:
-            lengths = lengths[:max_samples]
-        if max_pos and lengths and max(lengths) > max_pos:
-            r = max(range(len(lengths)), key=lengths.__getitem__)
-            raise Eagle3InputError(f"sample id {ds[split][r]['id']!r} (split '{split}') has {lengths[r]} tokens, "
-                                   f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
-                                   f"shorter max length")
-        plans[split] = plan_shards(lengths, shard_tokens)
+    if max_pos and lengths and max(lengths) > max_pos:
+        r = max(range(len(lengths)), key=lengths.__getitem__)
+        raise Eagle3InputError(f"sample id {ds[r]['id']!r} (split '{split}') has {lengths[r]} tokens, "
+                               f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
+                               f"shorter max length")
+    return plan_shards(lengths, shard_tokens)
 
-    settings = {
-        # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
-        "backend": backend,
-        "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
-        "hidden_size": hidden, "num_layers": num_layers,
-        "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
-        "max_samples": max_samples, "shard_tokens": int(shard_tokens),
-    }
 
+def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict | None:
+    """The manifest of an earlier extraction into `out_dir` to resume (None: start afresh); refuses another stage's
+    output, and an earlier extraction with other settings unless `overwrite`."""
     old_manifest = None
     if (out_dir / "manifest.json").is_file():
         existing = read_json(out_dir / "manifest.json", "extract manifest")
@@ -454,157 +495,174 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise Eagle3InputError(f"{out_dir} is not empty and has no extract manifest.json; choose a new --out "
                                f"directory or pass --overwrite")
+    return old_manifest
 
-    # Which shards are already done (a resume), and how much is left to write.
-    done: dict[str, dict[int, dict]] = {s: {} for s in splits}
-    if old_manifest is not None:
-        for split in splits:
-            index_path = out_dir / split / "index.json"
-            if index_path.is_file():
-                for e in read_json(index_path, "hidden-state index").get("shards", []):
-                    n = e.get("shard")
-                    if isinstance(n, int) and n < len(plans[split]) and _shard_entry_ok(e, plans[split][n],
-                                                                                       out_dir / split):
-                        done[split][n] = e
-                    else:
-                        log.warning("%s: shard entry %s does not match the plan or its file; recomputing it",
-                                    index_path, n)
-    total_tokens = sum(p.num_tokens for s in splits for p in plans[s])
-    todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
+
+def _done_shards(out_dir: Path, plans: dict[str, list[ShardPlan]], old_manifest: dict | None
+                 ) -> dict[str, dict[int, dict]]:
+    """Index entries of the shards a resume keeps, per split: those matching the plan and their file."""
+    done: dict[str, dict[int, dict]] = {s: {} for s in plans}
+    if old_manifest is None:
+        return done
+    for split, split_plans in plans.items():
+        index_path = out_dir / split / "index.json"
+        if index_path.is_file():
+            for e in read_json(index_path, "hidden-state index").get("shards", []):
+                n = e.get("shard")
+                if isinstance(n, int) and n < len(split_plans) and _shard_entry_ok(e, split_plans[n], out_dir / split):
+                    done[split][n] = e
+                else:
+                    log.warning("%s: shard entry %s does not match the plan or its file; recomputing it",
+                                index_path, n)
+    return done
+
+
+def _check_disk_space(out_dir: Path, what: str, todo_tokens: int, bytes_per_token: int, disk_margin: int | None,
+                      overwrite: bool) -> None:
     estimate = todo_tokens * bytes_per_token
     margin = _disk_margin(disk_margin)
     freeable = sum(f.stat().st_size for f in _our_files(out_dir)) if overwrite else 0
     free = _free_bytes(out_dir) + freeable
-    log.info("extract: %d samples, %d tokens (%d left) x %d B/token (4 x H=%d x %s) = %s to write to %s; %s free",
-             sum(len(p.rows) for s in splits for p in plans[s]), total_tokens, todo_tokens, bytes_per_token,
-             hidden, dtype, _gib(estimate), out_dir, _gib(free))
+    log.info("extract: %s = %s to write to %s; %s free", what, _gib(estimate), out_dir, _gib(free))
     if estimate + margin > free:
         raise Eagle3InputError(f"not enough disk space in {out_dir}: the hidden states need about {_gib(estimate)} "
                                f"({todo_tokens} tokens x {bytes_per_token} bytes) plus a margin of {_gib(margin)}, but "
                                f"only {_gib(free)} is free; free space, choose another --out, use --max-samples, or "
                                f"lower the margin with {DISK_MARGIN_ENV}")
 
+
+def _clear_output(out_dir: Path, overwrite: bool) -> None:
+    """Delete our earlier files on overwrite, and temp files of writes interrupted by a kill."""
     if overwrite:
         for f in _our_files(out_dir):
             f.unlink()
-    for f in _our_files(out_dir):  # leftovers of writes interrupted by a kill
+    for f in _our_files(out_dir):
         if f.name.endswith(".tmp"):
             f.unlink(missing_ok=True)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    manifest = {
-        "stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "in_progress",
-        **settings,
-        "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
-        "aux_width": len(ids) * hidden, "bytes_per_token": bytes_per_token, "splits": {},
-        "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
-        "estimated_bytes": total_tokens * bytes_per_token,
-        "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
-        "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
-    }
-    if store_bytes == 1:
-        manifest["fp8_scales"] = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale "
-                                  "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
-    if backend == "vllm":
-        manifest["vllm"] = (old_manifest or {}).get("vllm")
-    for split in (old_manifest or {}).get("splits", {}):
-        if split not in splits:  # splits extracted by an earlier command stay recorded
-            manifest["splits"][split] = old_manifest["splits"][split]
-    write_json(out_dir / "manifest.json", manifest)
 
-    model = source = None
-    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0, "load_s": 0.0, "load_cpu_s": 0.0}
-    start, start_cpu = time.perf_counter(), time.process_time()
-    bar = progress(total=todo_tokens, desc="extract", unit="tok")
-    try:
-        for split in splits:
-            split_dir = out_dir / split
-            split_dir.mkdir(parents=True, exist_ok=True)
-            todo = [p for p in plans[split] if p.number not in done[split]]
-            if todo and model is None and backend == "vllm":
-                from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+class _VerifierForward:
+    """`compute(seqs) -> (aux, final)` of the chosen backend, loaded on first use (a finished resume loads nothing)."""
 
-                model = source = VLLMHiddenStates(endpoints, verifier_path, ids, store_dtype, **(vllm_options or {}))
-                manifest["vllm"] = source.open()
-                compute = source.run_batch
-            elif todo and model is None:
-                log.info("loading verifier %s on %s (%s)", verifier_path, device, compute_dtype)
-                t_load, cpu_load = time.perf_counter(), time.process_time()
-                model = from_pretrained(AutoModelForCausalLM, verifier_path, trust_remote_code,
-                                        dtype=compute_torch_dtype)
-                model = model.to(device).eval()
-                base, layers = decoder_parts(model)
-                capture = AuxCapture(layers, ids, store_dtype)
-                pad_id = getattr(text_config, "pad_token_id", None) or 0
-                stats["load_s"] = time.perf_counter() - t_load
-                stats["load_cpu_s"] = time.process_time() - cpu_load
-                compute = partial(run_batch, base, capture, pad_id=pad_id, device=device, store_dtype=store_dtype)
-            write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
-            columns = ds[split].select_columns(["id", "input_ids"])
-            for plan in todo:
-                bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans[split])}")
-                rows = columns[list(plan.rows)]
-                for sid, seq, n in zip(rows["id"], rows["input_ids"], plan.lengths):
-                    if len(seq) != n:
-                        raise Eagle3InputError(f"sample id {sid!r} (split '{split}'): column 'length' says {n} but "
-                                               f"input_ids has {len(seq)} tokens")
-                aux = torch.empty((plan.num_tokens, len(ids) * hidden), dtype=store_dtype)
-                final = torch.empty((plan.num_tokens, hidden), dtype=store_dtype)
-                row = 0
-                t0 = time.perf_counter()
-                with torch.inference_mode():
-                    for b0, b1 in plan_batches(plan.lengths, token_budget):
-                        n_tok = sum(plan.lengths[b0:b1])
-                        if n_tok:
-                            a, f = compute(rows["input_ids"][b0:b1])
-                            _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
-                            aux[row:row + n_tok] = a.cpu()
-                            final[row:row + n_tok] = f.cpu()
-                        row += n_tok
-                        bar.update(n_tok)
-                t1 = time.perf_counter()
-                meta = {"format": FORMAT, "split": split, "shard": str(plan.number),
-                        "layer_ids": ",".join(map(str, ids)), "dtype": dtype}
-                done[split][plan.number] = _write_shard(split_dir / f"shard-{plan.number:05d}.safetensors",
-                                                        aux, final, plan, meta)
-                write_json(split_dir / "index.json", _index(split, plans[split], done[split]))
-                stats["forward_s"] += t1 - t0
-                stats["write_s"] += time.perf_counter() - t1
-                stats["tokens"] += plan.num_tokens
-            index = _index(split, plans[split], done[split])
-            write_json(split_dir / "index.json", index)
-            manifest["splits"][split] = {
-                "num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
-                "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
-                "complete": index["complete"]}
-    finally:
-        bar.close()
-        if source is not None:
-            if manifest.get("vllm") and source.server_dtype:
-                manifest["vllm"]["server_dtype"] = source.server_dtype
-            source.close()
-        elif model is not None:
-            capture.remove()
+    def __init__(self, backend: str, verifier_path: Path, ids: Sequence[int], store_dtype, text_config, *,
+                 device: str, compute_dtype: str | None, trust_remote_code: bool, endpoints: Sequence[str],
+                 vllm_options: dict[str, Any] | None) -> None:
+        self.backend, self.verifier_path, self.ids, self.store_dtype = backend, verifier_path, ids, store_dtype
+        self.text_config, self.device, self.compute_dtype = text_config, device, compute_dtype
+        self.trust_remote_code, self.endpoints, self.vllm_options = trust_remote_code, endpoints, vllm_options
+        self.compute = self.source = self.capture = None
+        self.load_s = self.load_cpu_s = 0.0
 
-    seconds = time.perf_counter() - start - stats["load_s"]  # throughput of the extraction loop, not the load
+    def open(self, manifest: dict):
+        """The compute function; the vLLM backend records its servers in `manifest["vllm"]`."""
+        if self.compute is not None:
+            return self.compute
+        if self.backend == "vllm":
+            from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+
+            self.source = VLLMHiddenStates(self.endpoints, self.verifier_path, self.ids, self.store_dtype,
+                                           **(self.vllm_options or {}))
+            manifest["vllm"] = self.source.open()
+            self.compute = self.source.run_batch
+            return self.compute
+        from transformers import AutoModelForCausalLM
+
+        log.info("loading verifier %s on %s (%s)", self.verifier_path, self.device, self.compute_dtype)
+        t_load, cpu_load = time.perf_counter(), time.process_time()
+        model = from_pretrained(AutoModelForCausalLM, self.verifier_path, self.trust_remote_code,
+                                dtype=_torch_dtype(self.compute_dtype))
+        model = model.to(self.device).eval()
+        base, layers = decoder_parts(model)
+        self.capture = AuxCapture(layers, self.ids, self.store_dtype)
+        pad_id = getattr(self.text_config, "pad_token_id", None) or 0
+        self.load_s = time.perf_counter() - t_load
+        self.load_cpu_s = time.process_time() - cpu_load
+        self.compute = partial(run_batch, base, self.capture, pad_id=pad_id, device=self.device,
+                               store_dtype=self.store_dtype)
+        return self.compute
+
+    def close(self, manifest: dict) -> None:
+        if self.source is not None:
+            if manifest.get("vllm") and self.source.server_dtype:
+                manifest["vllm"]["server_dtype"] = self.source.server_dtype
+            self.source.close()
+        elif self.capture is not None:
+            self.capture.remove()
+
+
+def _extract_split(ds, split: str, plans: list[ShardPlan], done: dict[int, dict], split_dir: Path,
+                   forward: _VerifierForward, manifest: dict, bar, stats: dict, *, token_budget: int,
+                   width: tuple[int, int], store_dtype, dtype: str) -> dict:
+    """Compute and write the shards of one split not in `done` (updated, with index.json after each shard); returns
+    the split's manifest entry."""
+    split_dir.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in plans if p.number not in done]
+    compute = forward.open(manifest) if todo else None
+    write_json(split_dir / "index.json", _index(split, plans, done))
+    columns = ds.select_columns(["id", "input_ids"])
+    for plan in todo:
+        bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
+        rows = columns[list(plan.rows)]
+        t0 = time.perf_counter()
+        aux, final = _compute_shard(plan, rows, compute, bar, split=split, token_budget=token_budget, width=width,
+                                    store_dtype=store_dtype, dtype=dtype)
+        t1 = time.perf_counter()
+        meta = {"format": FORMAT, "split": split, "shard": str(plan.number),
+                "layer_ids": ",".join(map(str, forward.ids)), "dtype": dtype}
+        done[plan.number] = _write_shard(split_dir / f"shard-{plan.number:05d}.safetensors", aux, final, plan, meta)
+        write_json(split_dir / "index.json", _index(split, plans, done))
+        stats["forward_s"] += t1 - t0
+        stats["write_s"] += time.perf_counter() - t1
+        stats["tokens"] += plan.num_tokens
+    index = _index(split, plans, done)
+    write_json(split_dir / "index.json", index)
+    return {"num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
+            "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
+            "complete": index["complete"]}
+
+
+def _compute_shard(plan: ShardPlan, rows: dict[str, list], compute, bar, *, split: str, token_budget: int,
+                   width: tuple[int, int], store_dtype, dtype: str):
+    """(aux [N, 3H], final [N, H]) of one shard's samples, in batches of at most `token_budget` padded tokens."""
+    import torch
+
+    for sid, seq, n in zip(rows["id"], rows["input_ids"], plan.lengths):
+        if len(seq) != n:
+            raise Eagle3InputError(f"sample id {sid!r} (split '{split}'): column 'length' says {n} but "
+                                   f"input_ids has {len(seq)} tokens")
+    aux = torch.empty((plan.num_tokens, width[0]), dtype=store_dtype)
+    final = torch.empty((plan.num_tokens, width[1]), dtype=store_dtype)
+    row = 0
+    with torch.inference_mode():
+        for b0, b1 in plan_batches(plan.lengths, token_budget):
+            n_tok = sum(plan.lengths[b0:b1])
+            if n_tok:
+                a, f = compute(rows["input_ids"][b0:b1])
+                _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
+                aux[row:row + n_tok] = a.cpu()
+                final[row:row + n_tok] = f.cpu()
+            row += n_tok
+            bar.update(n_tok)
+    return aux, final
+
+
+def _throughput(stats: dict, forward: _VerifierForward, start: float, start_cpu: float, device: str,
+                compute_dtype: str | None, token_budget: int) -> dict:
+    import torch
+
+    seconds = time.perf_counter() - start - forward.load_s  # throughput of the extraction loop, not the load
     # CPU time of all threads: on a shared machine tokens per CPU-second varies less than wall-clock tokens/s.
-    cpu_seconds = time.process_time() - start_cpu - stats["load_cpu_s"]
-    if stats["tokens"]:
-        peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-        if device.startswith("cuda"):
-            peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
-        manifest["throughput"] = {
-            "tokens": stats["tokens"], "seconds": round(seconds, 3),
-            "tokens_per_s": round(stats["tokens"] / seconds, 1) if seconds > 0 else None,
-            "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
-            "load_seconds": round(stats["load_s"], 3), "cpu_seconds": round(cpu_seconds, 3),
-            "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
-    manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
-                          for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
-    manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
-    manifest["updated"] = now_iso()
-    write_json(out_dir / "manifest.json", manifest)
-    return manifest
+    cpu_seconds = time.process_time() - start_cpu - forward.load_cpu_s
+    peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if device.startswith("cuda"):
+        peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    return {
+        "tokens": stats["tokens"], "seconds": round(seconds, 3),
+        "tokens_per_s": round(stats["tokens"] / seconds, 1) if seconds > 0 else None,
+        "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
+        "load_seconds": round(forward.load_s, 3), "cpu_seconds": round(cpu_seconds, 3),
+        "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,11 +4,16 @@ Layer id i means the residual stream ENTERING decoder layer i = HF `output_hidde
 output). This is the convention of vLLM's `eagle_aux_hidden_state_layer_ids` and of the original EAGLE-3 code.
 Id L (= num_layers) would be HF's last entry, which is AFTER the final norm: that is stored separately as `final`,
 so it is not a valid aux tap.
+
+`AuxCapture` taps those layer inputs with forward pre-hooks: extract stores them and the offline evaluator feeds them
+to the draft, so what the draft is trained on and what it is evaluated with come from this one hook.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -74,3 +79,52 @@ def check_layer_order(layer_ids: Sequence[int], where: str, hint: str = "") -> t
         f"{where}: aux layer ids {list(ids)} {problem}; they must be {NUM_AUX_LAYERS} distinct ids in increasing "
         f"order (e.g. {','.join(map(str, fixed))}) because vLLM and SGLang concatenate the taps in layer order"
         + (f". {hint}" if hint else ""))
+
+
+def decoder_parts(model) -> tuple[Any, Any]:
+    """The base model (embeddings + decoder layers + final norm, no lm_head) and its list of decoder layers."""
+    base = getattr(model, "model", None)
+    if base is None and hasattr(model, "get_decoder"):
+        base = model.get_decoder()
+    layers = getattr(base, "layers", None)
+    if base is None or layers is None:
+        raise Eagle3InputError(f"unsupported verifier architecture {type(model).__name__}: expected a causal LM "
+                               f"with .model.layers (Llama-style decoder)")
+    return base, layers
+
+
+class AuxCapture:
+    """Forward pre-hooks that keep the inputs of the tapped decoder layers (id i = HF `hidden_states[i]`).
+
+    `mask` ([B, T] bool, set before a forward) keeps only those rows (the unpadded tokens), else the whole [B, T, H]
+    input is kept; `dtype` casts what is kept; `enabled = False` skips capturing (forwards whose taps are not needed).
+    """
+
+    def __init__(self, layers, layer_ids: Sequence[int], dtype=None) -> None:
+        self.layer_ids = tuple(layer_ids)
+        self.dtype = dtype
+        self.mask = None
+        self.enabled = True
+        self.captured: dict[int, Any] = {}
+        self.handles = [layers[i].register_forward_pre_hook(partial(self._hook, i), with_kwargs=True)
+                        for i in sorted(set(self.layer_ids))]
+
+    def _hook(self, layer_id: int, module, args, kwargs) -> None:
+        if not self.enabled:
+            return
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if self.mask is not None:
+            hidden = hidden[self.mask]
+        self.captured[layer_id] = hidden if self.dtype is None else hidden.to(self.dtype)
+
+    def take(self):
+        """The tapped inputs concatenated in `layer_ids` order on the last dim ([n, 3H] masked, else [B, T, 3H])."""
+        import torch
+
+        out = torch.cat([self.captured[i] for i in self.layer_ids], dim=-1)
+        self.captured.clear()
+        return out
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()

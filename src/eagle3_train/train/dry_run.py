@@ -266,28 +266,10 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
     return splits
 
 
-def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None) -> dict[str, Any]:
-    """Check and write everything `train(cfg)` would, without optimizer steps or weight data (see module doc)."""
-    from eagle3_train.model.verifier_head import verifier_head_shapes
+def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[str]):
+    """(the draft built on the meta device, its init record, its (d2t, t2d)): random, or the finetune source's
+    names/shapes/dtypes loaded without data."""
     from eagle3_train.train.trainer import build_model
-
-    out = Path(cfg.out)
-    claim_output_dir(out, "training output directory",
-                     has_file("training_metadata.json", "checkpoints", "metrics.jsonl", METADATA_FILE))
-    checked: list[str] = []
-    not_checked: list[str] = []
-    precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")
-    inputs = resolve_inputs(cfg, head_shapes_only=True)
-    _, _, vcfg, head_origin = verifier_head_shapes(inputs.verifier_dir)
-    c = vcfg.get("text_config", vcfg)
-    H, V, L = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
-    checked.append(f"verifier {inputs.verifier_name}: config ({vcfg.get('architectures')}, {L} layers, hidden {H}, "
-                   f"vocab {V}), identity against the hidden-states manifest (config hash, weight-file sizes), "
-                   f"embedding/lm_head shapes from {head_origin}")
-    not_checked.append("verifier weight values and hashes (sizes only)" if "headers" in head_origin else
-                       "verifier weights: none in the directory, so the embedding and lm_head shapes come from "
-                       "config.json; the real run needs them")
-    checked.append(f"vocab {inputs.vocab_path}: d2t/t2d consistent, {inputs.d2t.shape[0]} draft tokens over {V}")
 
     init: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
     d2t, t2d = inputs.d2t, inputs.t2d
@@ -310,6 +292,42 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
                            "and file hashes (computed by the real run)")
     else:
         model = build_model(cfg, inputs, device="meta")
+    return model, init, (d2t, t2d)
+
+
+def _header_only_exports(model, d2t, t2d, root: Path, inputs, num_layers: int, checked: list[str]) -> dict[str, Any]:
+    """Write each export format header-only and check it as the engines' loaders read it."""
+    exports: dict[str, Any] = {}
+    for fmt in ("eagle", "speculators"):
+        d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier_name)
+        checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, num_layers)
+        exports[fmt] = {"dir": str(d), "engines": engine_support(model.config, fmt)}
+    return exports
+
+
+def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None) -> dict[str, Any]:
+    """Check and write everything `train(cfg)` would, without optimizer steps or weight data (see module doc)."""
+    from eagle3_train.model.verifier_head import verifier_head_shapes
+
+    out = Path(cfg.out)
+    claim_output_dir(out, "training output directory",
+                     has_file("training_metadata.json", "checkpoints", "metrics.jsonl", METADATA_FILE))
+    checked: list[str] = []
+    not_checked: list[str] = []
+    precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")
+    inputs = resolve_inputs(cfg, head_shapes_only=True)
+    _, _, vcfg, head_origin = verifier_head_shapes(inputs.verifier_dir)
+    c = vcfg.get("text_config", vcfg)
+    H, V, L = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
+    checked.append(f"verifier {inputs.verifier_name}: config ({vcfg.get('architectures')}, {L} layers, hidden {H}, "
+                   f"vocab {V}), identity against the hidden-states manifest (config hash, weight-file sizes), "
+                   f"embedding/lm_head shapes from {head_origin}")
+    not_checked.append("verifier weight values and hashes (sizes only)" if "headers" in head_origin else
+                       "verifier weights: none in the directory, so the embedding and lm_head shapes come from "
+                       "config.json; the real run needs them")
+    checked.append(f"vocab {inputs.vocab_path}: d2t/t2d consistent, {inputs.d2t.shape[0]} draft tokens over {V}")
+
+    model, init, (d2t, t2d) = _meta_draft(cfg, inputs, checked, not_checked)
     mc = model.config
     checked.append(f"draft built on the meta device: {mc.num_layers} layer(s), hidden {mc.hidden_size}, "
                    f"draft vocab {mc.draft_vocab_size}, aux layers {list(mc.aux_layer_ids)}")
@@ -324,12 +342,7 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     if hidden_bytes:
         figures["disk_bytes"]["hidden states (extracted)"] = hidden_bytes
 
-    exports: dict[str, Any] = {}
-    root = out / EXPORTS_DIR
-    for fmt in ("eagle", "speculators"):
-        d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier_name)
-        checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, L)
-        exports[fmt] = {"dir": str(d), "engines": engine_support(model.config, fmt)}
+    exports = _header_only_exports(model, d2t, t2d, out / EXPORTS_DIR, inputs, L, checked)
     not_checked += [
         "optimizer steps and speed, and the measured (not planned) activation memory at this token budget "
         "(benchmarks/kimi_dry_run.py runs a width-reduced forward/backward)",

@@ -289,6 +289,39 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     wanted = {k: tuple(v.shape) for k, v in state.items() if k not in _NOT_LOADED + _VOCAB_KEYS}
     if policy == "rebuild":
         wanted["lm_head.weight"] = (source.d2t.shape[0], H)  # the source's rows, remapped below
+    to_copy, ignored, unknown = _match_tensors(loaded, wanted, notes)
+    embed = loaded.extra.get("embed_tokens.weight")
+    if embed is not None:
+        ignored.append(loaded.source_name("embed_tokens.weight"))
+        _note_embedding(embed, inputs, notes, copy)
+    missing = sorted(set(wanted) - set(to_copy))
+    ignored += _check_unknown_and_missing(loaded, unknown, missing, cfg.allow_missing, notes)
+    overlap = _load_weights_and_vocab(model, to_copy, source, inputs, cfg, notes, copy)
+    loaded_keys = sorted(to_copy) + (list(_VOCAB_KEYS) if policy == "keep" else [])
+    log.info("finetune: loaded %d tensors from %s (%s format); renamed %d, ignored %s, missing %s; vocab %s "
+             "(%d shared tokens)", len(loaded_keys), loaded.path, loaded.format, len(loaded.renamed), ignored, missing,
+             policy, overlap["shared_tokens"])
+    return {
+        "method": "finetune",
+        "source": str(cfg.finetune_from),
+        "resolved": str(loaded.path.resolve()),
+        "format": loaded.format,
+        "weight_files": loaded.weight_files,
+        "source_config_summary": source.summary,
+        "source_metadata": loaded.metadata,
+        "keys": {"loaded": loaded_keys, "renamed": dict(loaded.renamed), "ignored": ignored, "missing": missing},
+        "vocab_policy": policy,
+        "vocab_overlap": overlap,
+        "allow_missing": bool(cfg.allow_missing),
+        "aux_layers": source.aux_layers,
+        "notes": notes,
+    }
+
+
+def _match_tensors(loaded, wanted: dict[str, tuple], notes: list[str]
+                   ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
+    """(tensors to copy, source names ignored, source names this draft has no place for); a wanted tensor of
+    another shape or a non-float one is an error."""
     to_copy: dict[str, torch.Tensor] = {}
     wrong: list[tuple[str, tuple, tuple]] = []
     ignored: list[str] = []
@@ -310,34 +343,49 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
             unknown.append(loaded.source_name(k))
     if wrong:
         raise _shape_error(loaded, wrong)
-    embed = loaded.extra.get("embed_tokens.weight")
-    if embed is not None:
-        ignored.append(loaded.source_name("embed_tokens.weight"))
-        diff = _embed_difference(embed, inputs.embed) if copy else None
-        if diff is None:
-            notes.append("the source's embed_tokens was not compared with the verifier's (dry run: no data read)")
-        elif diff > 0:
-            _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
-                         f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
-        else:
-            notes.append("the source's embed_tokens equals the verifier's (not loaded; the verifier's is used)")
-    missing = sorted(set(wanted) - set(to_copy))
+    return to_copy, ignored, unknown
+
+
+def _note_embedding(embed: torch.Tensor, inputs, notes: list[str], copy: bool) -> None:
+    """The source's embedding is never loaded (the verifier's is used): note whether it was the same one."""
+    diff = _embed_difference(embed, inputs.embed) if copy else None
+    if diff is None:
+        notes.append("the source's embed_tokens was not compared with the verifier's (dry run: no data read)")
+    elif diff > 0:
+        _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
+                     f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
+    else:
+        notes.append("the source's embed_tokens equals the verifier's (not loaded; the verifier's is used)")
+
+
+def _check_unknown_and_missing(loaded, unknown: list[str], missing: list[str], allow_missing: bool,
+                               notes: list[str]) -> list[str]:
+    """Refuse source tensors without a place and draft tensors without a source, unless allow_missing; returns the
+    source names then ignored."""
+    ignored: list[str] = []
     if unknown:
         msg = (f"finetune source {loaded.path} holds tensors this draft has no place for: {sorted(unknown)} - they "
                f"belong to a layout or option we do not support, and dropping them would change the network")
-        if not cfg.allow_missing:
+        if not allow_missing:
             raise Eagle3InputError(msg + "; pass --allow-missing to ignore them (they are recorded)")
         _warn(notes, msg + "; ignored (allow_missing)")
         ignored += sorted(unknown)
     if missing:
         msg = f"finetune source {loaded.path} lacks trainable tensors of the draft: {missing}"
-        if not cfg.allow_missing:
+        if not allow_missing:
             raise Eagle3InputError(msg + "; pass --allow-missing to start them from a fresh initialisation")
         _warn(notes, msg + "; they start from a fresh initialisation (allow_missing)")
+    return ignored
 
+
+def _load_weights_and_vocab(model, to_copy: dict[str, torch.Tensor], source: FinetuneSource, inputs, cfg,
+                            notes: list[str], copy: bool) -> dict[str, Any]:
+    """Copy the matched tensors and set the draft vocabulary by the policy (keep the source's, or rebuild: the run's,
+    with the shared tokens' lm_head rows remapped); returns the vocabulary overlap record."""
     params = dict(model.named_parameters())
     src_ids = torch.arange(source.d2t.shape[0]) + source.d2t
     run_ids = torch.arange(inputs.d2t.shape[0]) + inputs.d2t
+    policy = cfg.finetune_vocab
     with torch.no_grad():
         for k, v in to_copy.items():
             if not copy or (k == "lm_head.weight" and policy == "rebuild"):
@@ -357,25 +405,7 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
             notes.append(f"vocab rebuild: {overlap['shared_tokens']} of {overlap['run_draft_vocab_size']} draft tokens "
                          f"keep their trained lm_head row ({overlap['share_of_run']:.1%}); the rest start from the "
                          f"{overlap['new_rows_from']}")
-    loaded_keys = sorted(to_copy) + (list(_VOCAB_KEYS) if policy == "keep" else [])
-    log.info("finetune: loaded %d tensors from %s (%s format); renamed %d, ignored %s, missing %s; vocab %s "
-             "(%d shared tokens)", len(loaded_keys), loaded.path, loaded.format, len(loaded.renamed), ignored, missing,
-             policy, overlap["shared_tokens"])
-    return {
-        "method": "finetune",
-        "source": str(cfg.finetune_from),
-        "resolved": str(loaded.path.resolve()),
-        "format": loaded.format,
-        "weight_files": loaded.weight_files,
-        "source_config_summary": source.summary,
-        "source_metadata": loaded.metadata,
-        "keys": {"loaded": loaded_keys, "renamed": dict(loaded.renamed), "ignored": ignored, "missing": missing},
-        "vocab_policy": policy,
-        "vocab_overlap": overlap,
-        "allow_missing": bool(cfg.allow_missing),
-        "aux_layers": source.aux_layers,
-        "notes": notes,
-    }
+    return overlap
 
 
 def finetune_model(cfg, inputs):
