@@ -83,13 +83,15 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     """
     log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
     p = all_probs[rows].float()
-    per_row = row_loss(log_q, p, loss, loss_mix)
-    draft_argmax = log_q.argmax(-1)
+    # The loss first: recomputing for backward stops once the last tensor backward needs is recomputed (checkpoint
+    # early stop), so the metrics below are computed once, not twice.
+    loss_sum = (row_loss(log_q, p, loss, loss_mix) * valid).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
+        draft_argmax = log_q.argmax(-1)
         p_full = p * in_mass[rows].unsqueeze(-1)
         alpha_sum = acceptance(p_full, log_q).sum()
         p_draft_sum = p_full.gather(-1, draft_argmax.unsqueeze(-1)).sum()
-    return (per_row * valid).sum(), draft_argmax, alpha_sum, p_draft_sum
+    return loss_sum, draft_argmax, alpha_sum, p_draft_sum
 
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
