@@ -101,7 +101,7 @@ def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any 
 
     config = read_json(Path(verifier_dir) / "config.json", "verifier config")
     num_layers = int(config.get("text_config", config)["num_hidden_layers"])
-    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers), num_layers]
+    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers, f"verifier {verifier_dir}"), num_layers]
 
 
 def hidden_states_server(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None,
