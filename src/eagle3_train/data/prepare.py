@@ -36,6 +36,7 @@ from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_dir,
+    check_at_least,
     claim_output_dir,
     read_json,
     sha256_file,
@@ -79,8 +80,7 @@ def _chat_template(arg: str | None) -> tuple[str | None, str]:
 
 def _check_settings(max_length: int, overflow: str, val_fraction: float, val_count: int | None,
                     leading_assistant: str) -> None:
-    if max_length < 2:
-        raise Eagle3InputError(f"max_length must be >= 2, got {max_length}")
+    check_at_least("max_length", max_length, 2)
     if overflow not in OVERFLOW_CHOICES:
         raise Eagle3InputError(f"overflow must be one of {OVERFLOW_CHOICES}, got {overflow!r}")
     if not 0.0 <= val_fraction < 1.0:

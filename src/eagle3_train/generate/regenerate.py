@@ -47,7 +47,14 @@ from eagle3_train.serving.client import (
     quiet_http_logs,
 )
 from eagle3_train.settings import GenerateSettings, Reasoning
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, read_json, stage_manifest, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    check_at_least,
+    claim_output_dir,
+    read_json,
+    stage_manifest,
+    write_json,
+)
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -260,8 +267,7 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
     api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
-    if concurrency < 1:
-        raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+    check_at_least("concurrency", concurrency, 1)
     if not endpoints:
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
