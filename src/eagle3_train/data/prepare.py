@@ -31,7 +31,7 @@ from eagle3_train.assets.conversations import load_conversations, normalize_turn
 from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
-from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
+from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
 from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -83,10 +83,7 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
     check_at_least("max_length", max_length, 2)
     if overflow not in OVERFLOW_CHOICES:
         raise Eagle3InputError(f"overflow must be one of {OVERFLOW_CHOICES}, got {overflow!r}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_count is not None and val_count < 0:
-        raise Eagle3InputError(f"val_count must be >= 0, got {val_count}")
+    check_split_settings(val_fraction, val_count)
     if leading_assistant not in choices(PrepareSettings, "leading_assistant"):
         raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
 
