@@ -30,7 +30,7 @@ import numpy as np
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
 from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
-from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
+from eagle3_train.data.reasoning import REASONING_KEY, check_reasoning_mode, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
 from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
@@ -107,8 +107,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
-    if reasoning not in REASONING_MODES:
-        raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
+    check_reasoning_mode(reasoning)
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
