@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -133,3 +134,35 @@ def test_on_policy_generation_never_silently_becomes_off_policy(tmp_path, tiny_l
     config["generate"]["allow_fallback"] = True
     summary = Pipeline(config).run()
     assert summary["generate"]["skipped"] is True and summary["data"]["source"]["source"] == "sharegpt"
+
+
+def test_run_dry_run_after_a_finished_run_on_a_tiny_verifier(tmp_path, tiny_llama_dir, capsys):
+    """A 4-layer verifier: EAGLE-3's (2, L//2, L-3) collides there, so the taps are the ones extract chose, and the
+    train dry run (its planned peak included) must build the draft on those very layers."""
+    config = _small_config(tmp_path, tiny_llama_dir(), "sharegpt")
+    config["prepare"]["limit"] = 4
+    Pipeline(config).run()
+    run = tmp_path / "run"
+    trained = json.loads((run / "train" / "training_metadata.json").read_text())["draft_config"]["aux_layer_ids"]
+    extracted = json.loads((run / "hidden_states" / "manifest.json").read_text())["layer_ids"]
+    assert trained == extracted and len(set(trained)) == 3
+    capsys.readouterr()
+    report = Pipeline(config).dry_run()
+    assert "dry run: checked" in capsys.readouterr().out
+    from eagle3_train.train.dry_run import METADATA_FILE
+
+    planned = json.loads((run / "train" / METADATA_FILE).read_text())["draft_config"]["aux_layer_ids"]
+    assert planned == trained and report["train"]["memory"]["plan"]["peak_bytes"] > 0
+
+
+def test_a_verifier_too_shallow_for_three_taps_is_named(tmp_path, tiny_llama_dir):
+    from eagle3_train.plan import PlanSettings, plan
+
+    verifier = tiny_llama_dir(num_hidden_layers=2)
+    named = rf"verifier {re.escape(str(verifier))} has 2 decoder layers; EAGLE-3 needs at least 3"
+    with pytest.raises(Eagle3InputError, match=named):  # what the train dry run's planned peak calls
+        plan(PlanSettings(verifier=str(verifier), samples=4, tokens_per_sample=32))
+    config = _small_config(tmp_path, verifier, "sharegpt")
+    config["prepare"]["limit"] = 4
+    with pytest.raises(Eagle3InputError, match=named):  # the run stops at extract, before train
+        Pipeline(config).run()

@@ -56,6 +56,7 @@ class PlanSettings:
     head_dim: int | None = None
     checkpoint_mlp: bool = _TRAIN_DEFAULTS.checkpoint_mlp
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
+    layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
 
 
 @dataclass
@@ -145,7 +146,9 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
                  "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_key_value_heads,
                  "head_dim": s.head_dim}
     try:
-        draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab, **overrides)
+        draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab,
+                                              aux_layer_ids=s.layer_ids, verifier_name=f"verifier {s.verifier}",
+                                              **overrides)
     except KeyError as e:
         raise Eagle3InputError(f"plan: verifier config lacks {e}") from None
     with torch.device("meta"):

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.utils.io import Eagle3InputError, sha256_file
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,7 @@ def load_conversations(source: str | Path, limit: int | None = None, skip_bad_re
     With `skip_bad_records`, broken records are skipped and counted (see the module docstring) instead of failing.
     """
     path = resolve_source(source)
-    if limit is not None and limit < 0:
-        raise Eagle3InputError(f"limit must be >= 0, got {limit}")
+    check_at_least("limit", limit, 0)
     info = SourceInfo(source=str(source), path=str(path), sha256=sha256_file(path), limit=limit,
                       skip_bad_records=skip_bad_records)
     return _iter_file(path, info, limit), info

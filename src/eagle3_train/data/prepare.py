@@ -30,12 +30,13 @@ import numpy as np
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
 from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
-from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
-from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
+from eagle3_train.data.reasoning import REASONING_KEY, check_reasoning_mode, place_reasoning, resolve_mode
+from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
 from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_dir,
+    check_at_least,
     claim_output_dir,
     read_json,
     sha256_file,
@@ -79,14 +80,10 @@ def _chat_template(arg: str | None) -> tuple[str | None, str]:
 
 def _check_settings(max_length: int, overflow: str, val_fraction: float, val_count: int | None,
                     leading_assistant: str) -> None:
-    if max_length < 2:
-        raise Eagle3InputError(f"max_length must be >= 2, got {max_length}")
+    check_at_least("max_length", max_length, 2)
     if overflow not in OVERFLOW_CHOICES:
         raise Eagle3InputError(f"overflow must be one of {OVERFLOW_CHOICES}, got {overflow!r}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_count is not None and val_count < 0:
-        raise Eagle3InputError(f"val_count must be >= 0, got {val_count}")
+    check_split_settings(val_fraction, val_count)
     if leading_assistant not in choices(PrepareSettings, "leading_assistant"):
         raise Eagle3InputError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
 
@@ -110,8 +107,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
-    if reasoning not in REASONING_MODES:
-        raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
+    check_reasoning_mode(reasoning)
     out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads

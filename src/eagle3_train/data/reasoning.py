@@ -16,14 +16,19 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from eagle3_train.settings import ReasoningPlacement
+from eagle3_train.utils.io import Eagle3InputError
 
 REASONING_MODES = get_args(ReasoningPlacement)
 REASONING_KEY = "reasoning_content"
 
 
-def resolve_mode(mode: str, template_renders_reasoning: bool) -> str:
+def check_reasoning_mode(mode: str) -> None:
     if mode not in REASONING_MODES:
-        raise ValueError(f"reasoning must be one of {REASONING_MODES}, got {mode!r}")
+        raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {mode!r}")
+
+
+def resolve_mode(mode: str, template_renders_reasoning: bool) -> str:
+    check_reasoning_mode(mode)
     if mode == "auto":
         return "template" if template_renders_reasoning else "inline"
     return mode

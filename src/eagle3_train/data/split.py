@@ -5,14 +5,23 @@ validation when its score is below the fraction, so a conversation keeps its spl
 `--limit` never moves a validation conversation into train). With a count, the lowest scores are taken.
 
 Python API: `split_score(conv_id, seed) -> float`,
-`assign_splits(ids, val_fraction, seed, val_count=None) -> list[str]`.
+`assign_splits(ids, val_fraction, seed, val_count=None) -> list[str]`, `check_split_settings(val_fraction, val_count)`
+(Eagle3InputError when out of range).
 """
 
 from __future__ import annotations
 
 import hashlib
 
+from eagle3_train.utils.io import Eagle3InputError, check_at_least
+
 TRAIN, VALIDATION = "train", "validation"
+
+
+def check_split_settings(val_fraction: float, val_count: int | None) -> None:
+    if not 0.0 <= val_fraction < 1.0:
+        raise Eagle3InputError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    check_at_least("val_count", val_count, 0)
 
 
 def split_score(conv_id: str, seed: int) -> float:
@@ -23,10 +32,7 @@ def split_score(conv_id: str, seed: int) -> float:
 def assign_splits(ids: list[str], val_fraction: float, seed: int, val_count: int | None = None) -> list[str]:
     """Split name for each id. When a non-zero validation share is asked for and there are at least two
     conversations, validation and train both get at least one (a tiny run still has something to validate on)."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_count is not None and val_count < 0:
-        raise ValueError(f"val_count must be >= 0, got {val_count}")
+    check_split_settings(val_fraction, val_count)
     scores = [split_score(i, seed) for i in ids]
     if val_count is not None:
         order = sorted(range(len(ids)), key=lambda k: (scores[k], ids[k]))

@@ -30,7 +30,7 @@ from eagle3_train.data.chat_mask import end_of_turn_token_id, find_all, user_tur
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import OfflineEvalSettings
-from eagle3_train.utils.io import Eagle3InputError, read_json
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
@@ -436,10 +436,8 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
     training_metadata `data.prepared`). Raises GreedyMismatchError when the output differs from greedy decoding
     other than on a near-tie (logit gap < tie_tol); near-tie differences are reported in `greedy_check`.
     """
-    if k < 1:
-        raise Eagle3InputError(f"k (draft tokens per round) must be >= 1, got {k}")
-    if max_new_tokens < 1:
-        raise Eagle3InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_at_least("k (draft tokens per round)", k, 1)
+    check_at_least("max_new_tokens", max_new_tokens, 1)
     if not prompts:
         raise Eagle3InputError("no prompts to evaluate")
     if verifier_model is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.io import Eagle3InputError, check_at_least
 
 MTBENCH = "mt-bench"
 HUMANEVAL = "humaneval"
@@ -141,7 +141,6 @@ def load_prompts(source: str | Path, limit: int | None = None, turns: int | None
     if not prompts:
         raise Eagle3InputError(f"no prompts in {source}")
     if turns is not None:
-        if turns < 1:
-            raise Eagle3InputError(f"turns must be >= 1, got {turns}")
+        check_at_least("turns", turns, 1)
         prompts = [EvalPrompt(p.id, p.benchmark, p.turns[:turns]) for p in prompts]
     return prompts[:limit] if limit is not None else prompts

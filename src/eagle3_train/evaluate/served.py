@@ -27,7 +27,7 @@ from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_co
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, claim_output_dir, has_file, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.settings import add_settings_arguments
 
@@ -139,10 +139,8 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     """
     if not prompts:
         raise Eagle3InputError("no prompts to evaluate")
-    if concurrency < 1:
-        raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
-    if temperature < 0:
-        raise Eagle3InputError(f"temperature must be >= 0, got {temperature}")
+    check_at_least("concurrency", concurrency, 1)
+    check_at_least("temperature", temperature, 0)
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
     sampling = (temperature, seed)
     stats, completions = _measure(urls, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served",

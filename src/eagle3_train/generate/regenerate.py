@@ -47,10 +47,20 @@ from eagle3_train.serving.client import (
     quiet_http_logs,
 )
 from eagle3_train.settings import GenerateSettings, Reasoning
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, read_json, stage_manifest, write_json
+from eagle3_train.utils.io import (
+    Eagle3InputError,
+    check_at_least,
+    claim_output_dir,
+    read_json,
+    stage_manifest,
+    write_json,
+)
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
+
+if typing.TYPE_CHECKING:
+    from eagle3_train.assets.conversations import SourceInfo
 
 log = logging.getLogger(__name__)
 SERVER_LOG = "vllm.log"  # the log of a server this stage starts, kept beside its output
@@ -257,8 +267,7 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
     api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
-    if concurrency < 1:
-        raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
+    check_at_least("concurrency", concurrency, 1)
     if not endpoints:
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
     sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
@@ -273,84 +282,132 @@ async def _resolve_model(pool: ChatPool) -> str:
         raise Eagle3InputError(f"{e} (or pass --model)") from None
 
 
+class _Files(typing.NamedTuple):
+    conversations: Path
+    skipped: Path
+    manifest: Path
+
+
+def _claim_output(out_dir: Path) -> _Files:
+    # Ours: an earlier generate output, or only the log of the server started for it (--serve-verifier, run).
+    claim_output_dir(out_dir, "generate output directory",
+                     lambda p: stage_manifest("generate")(p) or {f.name for f in p.iterdir()} <= {SERVER_LOG})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _Files(out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE)
+
+
+async def _served_model(pool: ChatPool, model: str | None) -> str:
+    """The model to ask for (the only one served when not named), checked against the endpoints."""
+    if not model:
+        pool.model = model = await _resolve_model(pool)
+    try:
+        await pool.check_model()
+    except (FatalRequestError, EndpointUnavailable) as e:
+        raise Eagle3InputError(str(e)) from None
+    return model
+
+
+@dataclass
+class _Resume:
+    total: int  # conversations in the source (after `limit`)
+    source_sha: str
+    seen: set[str]  # ids already done or skipped by earlier runs
+    torn_bytes: int  # removed from torn last lines
+
+
+def _resume_point(files: _Files, source: str | Path, limit: int | None, skip_bad_records: bool, overwrite: bool,
+                  model: str, sampling: Sampling) -> _Resume:
+    """Start over (`overwrite`) or check that the earlier run had the same settings, and read what it finished."""
+    total, source_sha = _count_source(source, limit, skip_bad_records)
+    if overwrite:
+        for p in files:
+            p.unlink(missing_ok=True)
+    _check_resume(files.manifest, model, sampling, source_sha)
+    done_records, cut = recover_jsonl(files.conversations, ids_only=True)
+    skipped_records, cut2 = recover_jsonl(files.skipped, "skipped", ids_only=True)
+    seen = {r["id"] for r in done_records} | {r["id"] for r in skipped_records}
+    return _Resume(total, source_sha, seen, cut + cut2)
+
+
+@dataclass
+class _Report:
+    """What the manifest says at any point of the run (`info` and `stats` fill in as conversations are read)."""
+    files: _Files
+    pool: ChatPool
+    settings: dict[str, Any]  # model, endpoints, sampling, ... in manifest order
+    info: SourceInfo  # bad records are counted while the conversations are read
+    resume: _Resume
+    extra: dict[str, Any]
+    stats: _Stats = field(default_factory=_Stats)
+    started: str = field(default_factory=now_iso)
+    t0: float = field(default_factory=time.monotonic)
+
+    def manifest(self, status: str) -> dict:
+        done, skipped = _file_counts(self.files.conversations, self.files.skipped)
+        wall = time.monotonic() - self.t0
+        stats, total = self.stats, self.resume.total
+        return {
+            "stage": "generate", "status": status, **self.settings,
+            "source": {**self.info.to_dict(), "sha256": self.resume.source_sha},
+            "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
+                       "skipped": skipped, "bad_records": dict(sorted(self.info.bad_records.items())),
+                       "remaining": max(0, total - done["done"] - sum(skipped.values()))},
+            "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
+            "this_run": {"started": self.started, "wall_s": round(wall, 2), "requests": stats.requests,
+                         "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+                         "requests_per_s": round(stats.requests / wall, 3) if wall > 0 else None,
+                         "completion_tokens_per_s": round(stats.completion_tokens / wall, 2) if wall > 0 else None,
+                         "retries": self.pool.retries, "torn_bytes_removed": self.resume.torn_bytes},
+            "updated": now_iso(), "environment": environment(), **self.extra,
+        }
+
+
+async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling, concurrency: int) -> dict:
+    """Regenerate what is left, appending to the output files; the manifest is written before and after (also when
+    the run fails or is interrupted). Returns the final manifest."""
+    files = report.files
+    write_json(files.manifest, report.manifest("running"))
+    out_log, skip_log = AppendLog(files.conversations), AppendLog(files.skipped)
+    bar = progress(total=report.resume.total, desc="generate", unit="conv", initial=len(report.resume.seen))
+    status = "failed"
+    try:
+        await _work(report.pool, conversations, report.resume.seen, sampling, concurrency, report.stats, out_log,
+                    skip_log, bar, report.t0)
+        status = "complete"
+    except asyncio.CancelledError:
+        status = "interrupted"
+        raise
+    except (FatalRequestError, EndpointUnavailable) as e:
+        raise Eagle3InputError(f"{e}\nConversations finished so far are kept in {files.conversations}; "
+                               f"rerun the same command to resume.") from None
+    finally:
+        bar.close()
+        out_log.close()
+        skip_log.close()
+        final = report.manifest(status)
+        write_json(files.manifest, final)
+    return final
+
+
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
                       limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
                       api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
-    # Ours: an earlier generate output, or only the log of the server started for it (--serve-verifier, run).
-    claim_output_dir(out_dir, "generate output directory",
-                     lambda p: stage_manifest("generate")(p) or {f.name for f in p.iterdir()} <= {SERVER_LOG})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out_path, skip_path, manifest_path = out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE
+    files = _claim_output(out_dir)
     pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
     try:
-        if not model:
-            pool.model = model = await _resolve_model(pool)
-        try:
-            await pool.check_model()
-        except (FatalRequestError, EndpointUnavailable) as e:
-            raise Eagle3InputError(str(e)) from None
-
-        total, source_sha = _count_source(source, limit, skip_bad_records)
-        if overwrite:
-            for p in (out_path, skip_path, manifest_path):
-                p.unlink(missing_ok=True)
-        _check_resume(manifest_path, model, sampling, source_sha)
-        done_records, cut = recover_jsonl(out_path, ids_only=True)
-        skipped_records, cut2 = recover_jsonl(skip_path, "skipped", ids_only=True)
-        done_ids = {r["id"] for r in done_records}
-        skip_ids = {r["id"] for r in skipped_records}
-        previous = len(done_ids | skip_ids)
-        del done_records, skipped_records
-
+        model = await _served_model(pool, model)
+        resume = _resume_point(files, source, limit, skip_bad_records, overwrite, model, sampling)
         conversations, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
-        stats = _Stats()
-        started, t0 = now_iso(), time.monotonic()
-
-        def manifest(status: str) -> dict:
-            done, skipped = _file_counts(out_path, skip_path)
-            wall = time.monotonic() - t0
-            return {
-                "stage": "generate", "status": status, "model": model, "endpoints": endpoints,
-                "sampling": asdict(sampling), "concurrency": concurrency, "timeout_s": timeout_s,
-                "max_retries": max_retries, "limit": limit,
-                "source": {**info.to_dict(), "sha256": source_sha},
-                "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
-                           "skipped": skipped, "bad_records": dict(sorted(info.bad_records.items())),
-                           "remaining": max(0, total - done["done"] - sum(skipped.values()))},
-                "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
-                "this_run": {"started": started, "wall_s": round(wall, 2), "requests": stats.requests,
-                             "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-                             "requests_per_s": round(stats.requests / wall, 3) if wall > 0 else None,
-                             "completion_tokens_per_s": round(stats.completion_tokens / wall, 2) if wall > 0 else None,
-                             "retries": pool.retries, "torn_bytes_removed": cut + cut2},
-                "updated": now_iso(), "environment": environment(), **extra_manifest,
-            }
-
-        write_json(manifest_path, manifest("running"))
-        out_log, skip_log = AppendLog(out_path), AppendLog(skip_path)
-        bar = progress(total=total, desc="generate", unit="conv", initial=previous)
-        status = "failed"
-        try:
-            await _work(pool, conversations, done_ids | skip_ids, sampling, concurrency, stats, out_log, skip_log,
-                        bar, t0)
-            status = "complete"
-        except asyncio.CancelledError:
-            status = "interrupted"
-            raise
-        except (FatalRequestError, EndpointUnavailable) as e:
-            raise Eagle3InputError(f"{e}\nConversations finished so far are kept in {out_path}; "
-                                   f"rerun the same command to resume.") from None
-        finally:
-            bar.close()
-            out_log.close()
-            skip_log.close()
-            final = manifest(status)
-            write_json(manifest_path, final)
+        settings = {"model": model, "endpoints": endpoints, "sampling": asdict(sampling), "concurrency": concurrency,
+                    "timeout_s": timeout_s, "max_retries": max_retries, "limit": limit}
+        final = await _run_recorded(_Report(files, pool, settings, info, resume, extra_manifest), conversations,
+                                    sampling, concurrency)
         log.info("generate: %d conversations done, %d skipped, %.2f requests/s, %.1f tokens/s -> %s",
                  final["counts"]["done"], sum(final["counts"]["skipped"].values()),
-                 final["this_run"]["requests_per_s"] or 0, final["this_run"]["completion_tokens_per_s"] or 0, out_path)
+                 final["this_run"]["requests_per_s"] or 0, final["this_run"]["completion_tokens_per_s"] or 0,
+                 files.conversations)
         return final
     finally:
         await pool.aclose()

@@ -48,6 +48,7 @@ from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreD
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
+    check_at_least,
     read_json,
     save_safetensors,
     sha256_file,
@@ -344,7 +345,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     ds = load_prepared(prepared_dir, splits)
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers)
+    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers, f"verifier {verifier}")
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
@@ -354,8 +355,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
-    if shard_tokens < 1:
-        raise Eagle3InputError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    check_at_least("shard_tokens", shard_tokens, 1)
 
     # Plan every split up front: the disk estimate and the resume check need the whole picture.
     plans = {split: _plan_split(ds[split], split, max_samples, shard_tokens, text_config) for split in splits}
@@ -452,10 +452,8 @@ def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int 
                      endpoints: Sequence[str]) -> None:
     if not splits:
         raise Eagle3InputError("no splits to extract")
-    if token_budget < 1:
-        raise Eagle3InputError(f"token_budget must be >= 1, got {token_budget}")
-    if max_samples is not None and max_samples < 1:
-        raise Eagle3InputError(f"max_samples must be >= 1, got {max_samples}")
+    check_at_least("token_budget", token_budget, 1)
+    check_at_least("max_samples", max_samples, 1)
     if backend not in BACKENDS:
         raise Eagle3InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "vllm" and not endpoints:

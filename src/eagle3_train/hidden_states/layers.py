@@ -20,11 +20,12 @@ from eagle3_train.utils.io import Eagle3InputError
 NUM_AUX_LAYERS = 3  # vLLM/SGLang's EAGLE-3 fc layer takes exactly 3·H inputs
 
 
-def default_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """(2, L//2, L-3) as in vLLM and EAGLE-3; tiny test models (L < 7) get distinct low/mid/high taps instead."""
+def default_layer_ids(num_layers: int, verifier: str = "the verifier") -> tuple[int, int, int]:
+    """The taps extract and train use when none are given: (2, L//2, L-3) as in vLLM and EAGLE-3; tiny test models
+    (L < 7, where those collide) get distinct low/mid/high taps instead. `verifier` names it in the error."""
     if num_layers < NUM_AUX_LAYERS:
-        raise Eagle3InputError(f"the verifier has {num_layers} decoder layers; EAGLE-3 needs at least "
-                               f"{NUM_AUX_LAYERS} to tap low/mid/high hidden states")
+        raise Eagle3InputError(f"{verifier} has {num_layers} decoder layers; EAGLE-3 needs at least "
+                               f"{NUM_AUX_LAYERS} to tap distinct low/mid/high hidden states")
     ids = (2, num_layers // 2, num_layers - 3)
     if not ids[0] < ids[1] < ids[2]:
         ids = (1, num_layers // 2, num_layers - 1) if num_layers >= 4 else (0, 1, 2)
@@ -45,10 +46,11 @@ def parse_layer_ids(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
     return tuple(int(i) for i in text)
 
 
-def validate_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> tuple[int, int, int]:
+def validate_layer_ids(layer_ids: Sequence[int] | None, num_layers: int,
+                       verifier: str = "the verifier") -> tuple[int, int, int]:
     """Return the layer ids to tap (the default when None), or raise Eagle3InputError with what is allowed."""
     if layer_ids is None:
-        return default_layer_ids(num_layers)
+        return default_layer_ids(num_layers, verifier)
     ids = tuple(int(i) for i in layer_ids)
     if len(ids) != NUM_AUX_LAYERS:
         raise Eagle3InputError(f"layer ids: expected exactly {NUM_AUX_LAYERS} ids (low, mid, high), got {list(ids)}")

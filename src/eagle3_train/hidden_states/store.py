@@ -129,12 +129,21 @@ class HiddenStatesReader:
             f"`{reextract_command(self.manifest, self.dir, self.split)}` (it recomputes missing shards and keeps the "
             f"others)")
 
+    def _shard_path(self, entry: dict) -> Path:
+        """A shard's file, which must exist."""
+        path = self.dir / self.split / entry["file"]
+        if not path.is_file():
+            raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
+        return path
+
+    def _check_sha256(self, path: Path, entry: dict) -> None:
+        if sha256_file(path) != entry["sha256"]:
+            raise self._damaged(path, "is corrupt (its SHA-256 differs from index.json)")
+
     def check_sizes(self) -> None:
         """Every listed shard exists with the size index.json records (cheap: no data is read)."""
         for entry in self.index.get("shards", []):
-            path = self.dir / self.split / entry["file"]
-            if not path.is_file():
-                raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
+            path = self._shard_path(entry)
             size = path.stat().st_size
             if entry.get("bytes") is not None and size != entry["bytes"]:  # else: its SHA-256 on first read
                 raise self._damaged(path, f"has {size} bytes but index.json records {entry['bytes']} (truncated or "
@@ -174,12 +183,9 @@ class HiddenStatesReader:
             self._handles.move_to_end(pos)
             return handle
         entry = self.index["shards"][pos]
-        path = self.dir / self.split / entry["file"]
-        if not path.is_file():
-            raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
+        path = self._shard_path(entry)
         if self.hash_on_open and pos not in self._hashed and entry.get("sha256"):
-            if sha256_file(path) != entry["sha256"]:
-                raise self._damaged(path, "is corrupt (its SHA-256 differs from index.json)")
+            self._check_sha256(path, entry)
             self._hashed.add(pos)
         try:
             handle = safe_open(str(path), framework="pt")
@@ -211,11 +217,7 @@ class HiddenStatesReader:
     def verify(self) -> None:
         """Check every listed shard's SHA-256 against index.json (reads all the data)."""
         for entry in self.index.get("shards", []):
-            path = self.dir / self.split / entry["file"]
-            if not path.is_file():
-                raise self._damaged(path, "is missing")
-            if sha256_file(path) != entry["sha256"]:
-                raise self._damaged(path, "is corrupt (its SHA-256 differs from index.json)")
+            self._check_sha256(self._shard_path(entry), entry)
 
     def close(self) -> None:
         self._handles.clear()

@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.hidden_states.layers import check_layer_order
+from eagle3_train.hidden_states.layers import check_layer_order, default_layer_ids
 from eagle3_train.utils.io import Eagle3InputError
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default taps: the residual stream entering layers 2, L//2 and L-3 (= HF hidden_states[i])."""
+    """The taps vLLM and SGLang assume when a draft's config names none: the residual stream entering layers 2, L//2
+    and L-3 (= HF hidden_states[i]), whatever L (they collide below 7 layers). What extract and train tap by default
+    is `default_layer_ids`, the same from 7 layers on; exports write the ids whenever the two differ."""
     return (2, num_layers // 2, num_layers - 3)
 
 
@@ -62,8 +64,10 @@ class DraftConfig:
 
     @classmethod
     def from_verifier(cls, verifier_config: dict[str, Any], draft_vocab_size: int,
-                      aux_layer_ids: tuple[int, ...] | None = None, **overrides: Any) -> DraftConfig:
-        """Build the draft config from a verifier's HF config.json dict."""
+                      aux_layer_ids: tuple[int, ...] | None = None, verifier_name: str = "the verifier",
+                      **overrides: Any) -> DraftConfig:
+        """Build the draft config from a verifier's HF config.json dict; without `aux_layer_ids`, on the layers
+        extract taps by default (`verifier_name` names the verifier if it has too few layers for them)."""
         c = verifier_config.get("text_config", verifier_config)  # multimodal wrappers keep the LM in text_config
         H, heads = c["hidden_size"], c["num_attention_heads"]
         L = c["num_hidden_layers"]
@@ -85,7 +89,7 @@ class DraftConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=c.get("max_position_embeddings", 4096),
             hidden_act=c.get("hidden_act", "silu"),
-            aux_layer_ids=tuple(aux_layer_ids) if aux_layer_ids else default_aux_layer_ids(L),
+            aux_layer_ids=tuple(aux_layer_ids) if aux_layer_ids else default_layer_ids(L, verifier_name),
             verifier_num_layers=L,
             verifier={"architectures": verifier_config.get("architectures"),
                       "model_type": verifier_config.get("model_type")},

@@ -47,7 +47,7 @@ from eagle3_train.settings import (
     NUM_SPECULATIVE_TOKENS,
     ServeSettings,
 )
-from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.io import Eagle3InputError, check_at_least
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
 def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS,
                        method: str = "eagle3") -> dict[str, Any]:
     """The `--speculative-config` value for a draft directory (chain of k draft tokens)."""
-    if k < 1:
-        raise Eagle3InputError(f"number of speculative tokens must be >= 1, got {k}")
+    check_at_least("number of speculative tokens", k, 1)
     draft = Path(draft_dir)
     if not (draft / "config.json").is_file():
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
@@ -101,7 +100,7 @@ def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any 
 
     config = read_json(Path(verifier_dir) / "config.json", "verifier config")
     num_layers = int(config.get("text_config", config)["num_hidden_layers"])
-    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers), num_layers]
+    return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers, f"verifier {verifier_dir}"), num_layers]
 
 
 def hidden_states_server(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None,

@@ -132,7 +132,8 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     identity = {"name": str(verifier_name), **verifier_identity(verifier_dir, hash_weights=False)}
     embed, lm_head, vcfg = load_verifier_head(verifier_dir)
     text = vcfg.get("text_config", vcfg)
-    layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]))
+    layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
+                               f"verifier {verifier_name}")
     vpath = vocab_file(cfg.vocab)
     d2t, t2d = load_vocab(vpath)
     if t2d.shape[0] != text["vocab_size"]:

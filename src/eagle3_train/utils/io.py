@@ -23,6 +23,12 @@ class Eagle3InputError(ValueError):
     """Bad user input (file, key or field). The CLI prints the message without a traceback."""
 
 
+def check_at_least(name: str, value: float | None, minimum: float) -> None:
+    """Raise Eagle3InputError "NAME must be >= MINIMUM, got VALUE"; None passes (an optional setting left unset)."""
+    if value is not None and value < minimum:
+        raise Eagle3InputError(f"{name} must be >= {minimum}, got {value}")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it over `path` only if the block succeeds.

@@ -30,6 +30,7 @@ from eagle3_train.settings import VocabSettings
 from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
+    check_at_least,
     claim_output_dir,
     read_json,
     sha256_file,
@@ -117,8 +118,7 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = Vocab
     t0 = time.time()
     prepared_dir = Path(prepared_dir)
     out_dir = claim_output_dir(out_dir, "vocab output directory", stage_manifest("vocab"))
-    if size < 1:
-        raise Eagle3InputError(f"draft vocabulary size must be >= 1, got {size}")
+    check_at_least("draft vocabulary size", size, 1)
     dd, prep = load_prepared(prepared_dir)
     if not overwrite:
         _check_replace(out_dir, sha256_file(prepared_dir / "manifest.json"), size)
