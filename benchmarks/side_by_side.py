@@ -155,7 +155,8 @@ def main() -> None:
     p.add_argument("--only", choices=("ours", "speculators"), help="train/measure one trainer only")
     args = p.parse_args()
     data.build_data(args.limit)
-    results = read_json(RESULTS) if RESULTS.is_file() and args.serve_only else {}
+    # --serve-only and --only add to the results of earlier runs; a full run starts them over
+    results = read_json(RESULTS) if RESULTS.is_file() and (args.serve_only or args.only) else {}
     results.update({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "epochs": args.epochs,
                     "machine": {"cpu": data.cpu_model(), "nproc": os.cpu_count()},
                     "data": read_json(data.OUT / "prepared" / "manifest.json").get("counts")})
