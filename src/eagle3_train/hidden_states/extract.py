@@ -397,7 +397,12 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
         verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
-    verifier_path = resolve_verifier(verifier)
+    if backend == "vllm":  # the servers run the weights: here config, tokenizer and the final norm only
+        from eagle3_train.hidden_states.vllm_backend import resolve_served_verifier
+
+        verifier_path = resolve_served_verifier(verifier)
+    else:
+        verifier_path = resolve_verifier(verifier)
     check_tokenizer(prepared_dir, verifier_path)
     config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
