@@ -133,7 +133,8 @@ class VLLMHiddenStates:
 
     def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
                  store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = CONCURRENCY,
-                 timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY") -> None:
+                 timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY",
+                 first_endpoint: int = 0) -> None:
         if not endpoints:
             raise Eagle3InputError(f"--backend vllm needs --endpoint URL (a hidden-state server; {SERVE_HINT})")
         if concurrency < 1:
@@ -149,6 +150,7 @@ class VLLMHiddenStates:
         self.model = model
         self.concurrency = concurrency
         self.timeout_s, self.max_retries, self.api_key = timeout_s, max_retries, api_key
+        self.first_endpoint = first_endpoint  # preferred at equal load (modulo the number of endpoints)
         self.norm_weight, self.norm_eps = load_final_norm(self.verifier_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ChatPool | None = None
@@ -165,7 +167,7 @@ class VLLMHiddenStates:
 
     async def _open(self) -> dict[str, Any]:
         self.pool = ChatPool(self.endpoints, self.model or "", timeout_s=self.timeout_s, max_retries=self.max_retries,
-                             api_key=self.api_key)
+                             api_key=self.api_key, first=self.first_endpoint)
         try:
             if not self.model:
                 self.pool.model = self.model = await self.pool.only_model()
