@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -168,6 +169,10 @@ def test_hybrid_under_torchrun_writes_one_valid_store_and_resumes(stages, server
     assert len(curve(out)) == 1  # one step, checkpointed
     assert len(curve(tmp_path / "offline")) >= 4
     assert json.loads((out / "hidden_states" / "manifest.json").read_text())["status"] == "in_progress"
+    # What a kill between writing a shard and indexing it leaves (and a kill mid-write): removed once complete.
+    train_dir = out / "hidden_states" / "train"
+    shutil.copy(next(train_dir.glob("shard-*.safetensors")), train_dir / "shard-00099.safetensors")
+    (train_dir / ".shard-00098.safetensors.x1.tmp").write_bytes(b"partial")
     meta = torchrun_train(stages, out, "prepared", *hybrid, "--resume")
     assert meta["progress"]["step"] == reference["step"] and meta["data"]["hidden_states_source"]["mode"] == "hybrid"
     got, ref = curve(out), curve(tmp_path / "offline")
@@ -194,6 +199,7 @@ def test_hybrid_under_torchrun_writes_one_valid_store_and_resumes(stages, server
     # Both ranks wrote shards of their own: rank r's shard numbers are r modulo the world size.
     numbers = [e["shard"] for e in json.loads((hidden / "train" / "index.json").read_text())["shards"]]
     assert {n % 2 for n in numbers} == {0, 1}
+    assert max(numbers) > 99  # the resumed ranks numbered above every file present, the leftover included
     # ...and offline training reads it.
     again = train(train_config(stages, tmp_path / "reuse", hidden_states=str(hidden), max_steps=2))
     assert again["step"] == 2

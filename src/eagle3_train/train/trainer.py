@@ -1,7 +1,8 @@
 """`eagle3-train train`: training-time-test training (or finetuning) of an EAGLE-3 draft on extracted hidden states.
 
 Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single-process or under
-`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA).
+`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA), in every hidden-state mode
+(offline, online, hybrid: each rank fetches its own micro-batches).
 """
 
 from __future__ import annotations
