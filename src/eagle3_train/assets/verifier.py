@@ -180,15 +180,17 @@ def required_verifier(verifier: str | None, recorded: str | None, where: str) ->
 
 
 def same_verifier(a: dict, b: dict) -> bool:
-    """Two identities denote the same verifier when config and weights match (the path may differ)."""
+    """Two identities denote the same verifier when config and weights match (the path may differ). Under the same
+    weight index only the files both hold are compared: a hub snapshot holds the files a stage fetched (extract with
+    vLLM: the final norm's only), and the index pins the rest."""
     if a.get("config_sha256") != b.get("config_sha256"):
         return False
     if "index_sha256" in a and "index_sha256" in b and a["index_sha256"] != b["index_sha256"]:
         return False
     wa, wb = a.get("weights", {}), b.get("weights", {})
-    if set(wa) != set(wb):
+    if set(wa) != set(wb) and not (a.get("index_sha256") and a.get("index_sha256") == b.get("index_sha256")):
         return False
-    for k in wa:
+    for k in set(wa) & set(wb):
         if "sha256" in wa[k] and "sha256" in wb[k]:
             if wa[k]["sha256"] != wb[k]["sha256"]:
                 return False

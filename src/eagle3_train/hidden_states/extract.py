@@ -343,7 +343,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     _check_arguments(splits, token_budget, max_samples, backend, endpoints)
     store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
-    verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code)
+    verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
     ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers, f"verifier {verifier}")
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
@@ -408,14 +408,19 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     return manifest
 
 
-def _open_verifier(prepared_dir: Path, verifier: str | Path | None, trust_remote_code: bool):
+def _open_verifier(prepared_dir: Path, verifier: str | Path | None, trust_remote_code: bool, backend: str = "hf"):
     """(verifier as named, its local directory, its text config); None: the verifier the data was prepared with."""
     from transformers import AutoConfig
 
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
         verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
-    verifier_path = resolve_verifier(verifier)
+    if backend == "vllm":  # the servers run the weights: here config, tokenizer and the final norm only
+        from eagle3_train.hidden_states.vllm_backend import resolve_served_verifier
+
+        verifier_path = resolve_served_verifier(verifier)
+    else:
+        verifier_path = resolve_verifier(verifier)
     check_tokenizer(prepared_dir, verifier_path)
     config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     return verifier, verifier_path, config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -12,6 +12,10 @@ index and manifest as the HF backend, so training cannot tell them apart.
 
 Client and server must see the same filesystem path (one machine, or a shared mount for `--hidden-states-dir`).
 
+Of the verifier's weights this process needs only the final norm: `resolve_served_verifier` gives a directory with
+the config, tokenizer, weight index and the ONE weight file holding that tensor (a hub id fetches just those, not the
+~1 TB of a Kimi-K2), and `load_final_norm` reads that tensor alone.
+
 Python API: `VLLMHiddenStates(endpoints, verifier_dir, layer_ids, store_dtype, ...)`: `.open() -> dict` (identity
 for the manifest), `.run_batch(seqs) -> (aux [n, 3H], final [n, H])`, `.close()`.
 """
@@ -29,7 +33,7 @@ from typing import Any
 
 import torch
 
-from eagle3_train.model.verifier_head import load_final_norm
+from eagle3_train.model.verifier_head import _NORM_KEYS, load_final_norm
 from eagle3_train.serving.client import (
     ChatPool,
     ContextTooLongError,
@@ -44,7 +48,45 @@ from eagle3_train.utils.io import Eagle3InputError, read_json
 log = logging.getLogger(__name__)
 
 
+WEIGHT_INDEX = "model.safetensors.index.json"
 SERVE_HINT = "start one with `eagle3-train serve --extract-hidden-states --verifier NAME_OR_DIR [--layer-ids ...]`"
+
+
+def final_norm_file(verifier_dir: str | Path) -> str:
+    """The weight file (name inside the checkpoint) that holds the final norm: from the index's `weight_map`, else
+    the single `model.safetensors`."""
+    index = Path(verifier_dir) / WEIGHT_INDEX
+    if not index.is_file():
+        return "model.safetensors"
+    weight_map = read_json(index, "verifier weight index").get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise Eagle3InputError(f"{index} has no weight_map (expected {{tensor name: weight file}})")
+    found = next((weight_map[k] for k in _NORM_KEYS if k in weight_map), None)
+    if not isinstance(found, str):
+        raise Eagle3InputError(f"{index}: the weight_map names no final norm tensor (looked for "
+                               f"{', '.join(_NORM_KEYS)})")
+    return found
+
+
+def resolve_served_verifier(verifier: str | Path) -> Path:
+    """The verifier directory with what this client reads: config, tokenizer, weight index and the final norm's weight
+    file. A hub id downloads those files only (the server loads the weights itself)."""
+    from eagle3_train.assets.verifier import EMBEDDED, resolve_verifier
+
+    path = resolve_verifier(verifier, need="tokenizer")  # local dirs and embedded names: as they are
+    name = final_norm_file(path)
+    if (path / name).is_file():
+        return path
+    if str(verifier) in EMBEDDED or Path(str(verifier)).expanduser().exists():
+        raise Eagle3InputError(f"verifier {path} lacks {name}, the weight file that holds its final norm")
+    from huggingface_hub import hf_hub_download
+
+    try:  # into the same snapshot (its directory name is the commit)
+        hf_hub_download(str(verifier), name, revision=path.name)
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise Eagle3InputError(f"could not download {name} (the final norm) of verifier '{verifier}' from the hub: "
+                               f"{e}") from None
+    return path
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -91,7 +133,8 @@ class VLLMHiddenStates:
 
     def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
                  store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = CONCURRENCY,
-                 timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY") -> None:
+                 timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY",
+                 first_endpoint: int = 0) -> None:
         if not endpoints:
             raise Eagle3InputError(f"--backend vllm needs --endpoint URL (a hidden-state server; {SERVE_HINT})")
         if concurrency < 1:
@@ -107,6 +150,7 @@ class VLLMHiddenStates:
         self.model = model
         self.concurrency = concurrency
         self.timeout_s, self.max_retries, self.api_key = timeout_s, max_retries, api_key
+        self.first_endpoint = first_endpoint  # preferred at equal load (modulo the number of endpoints)
         self.norm_weight, self.norm_eps = load_final_norm(self.verifier_dir)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool: ChatPool | None = None
@@ -123,7 +167,7 @@ class VLLMHiddenStates:
 
     async def _open(self) -> dict[str, Any]:
         self.pool = ChatPool(self.endpoints, self.model or "", timeout_s=self.timeout_s, max_retries=self.max_retries,
-                             api_key=self.api_key)
+                             api_key=self.api_key, first=self.first_endpoint)
         try:
             if not self.model:
                 self.pool.model = self.model = await self.pool.only_model()

@@ -93,10 +93,11 @@ def _reasoning_of(message: Any) -> str | None:
 
 
 class ChatPool:
-    """Spreads requests over several endpoints serving the same model (the least busy one first)."""
+    """Spreads requests over several endpoints serving the same model (the least busy one first; at equal load,
+    endpoint `first` modulo their number, then the following ones: pools in several processes start apart)."""
 
     def __init__(self, endpoints: list[str], model: str, *, api_key: str = "EMPTY", timeout_s: float = 600.0,
-                 max_retries: int = 6, backoff_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+                 max_retries: int = 6, backoff_s: float = 1.0, backoff_max_s: float = 60.0, first: int = 0) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
         self.model = model
@@ -108,6 +109,7 @@ class ChatPool:
                                                                    timeout=timeout_s, max_retries=0))
             for u in endpoints]
         self.retries = 0
+        self.first = first
 
     async def aclose(self) -> None:
         for ep in self.endpoints:
@@ -138,8 +140,9 @@ class ChatPool:
     def _pick(self, prefer: int | None, avoid: int | None) -> int:
         if prefer is not None and prefer != avoid:
             return prefer
-        order = sorted(range(len(self.endpoints)),
-                       key=lambda i: (i == avoid, self.endpoints[i].in_flight, self.endpoints[i].failures))
+        n = len(self.endpoints)
+        order = sorted(range(n), key=lambda i: (i == avoid, self.endpoints[i].in_flight, self.endpoints[i].failures,
+                                                (i - self.first) % n))
         return order[0]
 
     async def only_model(self) -> str:

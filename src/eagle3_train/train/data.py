@@ -89,8 +89,9 @@ class TrainingSamples:
         self.source.close()
 
 
-def open_samples(cfg, inputs, split: str) -> TrainingSamples:
-    """A split of the run's data with the hidden-state source its settings choose (offline, online or hybrid)."""
+def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) -> TrainingSamples:
+    """A split of the run's data with the hidden-state source its settings choose (offline, online or hybrid);
+    `rank`, `world_size`: this process under torchrun (online/hybrid: each rank has its own source)."""
     mode = cfg.hidden_states_mode
     if mode == "offline":
         return TrainingSamples(cfg.prepared, cfg.hidden_states, split)
@@ -98,7 +99,7 @@ def open_samples(cfg, inputs, split: str) -> TrainingSamples:
 
     dtype = getattr(torch, cfg.hidden_states_dtype)
     online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier_dir, layer_ids=inputs.layer_ids, dtype=dtype,
-                  model=cfg.served_model, concurrency=cfg.online_concurrency)
+                  model=cfg.served_model, concurrency=cfg.online_concurrency, rank=rank, world_size=world_size)
     if mode == "online":
         return TrainingSamples(cfg.prepared, OnlineSource(split, **online), split)
     if mode != "hybrid":

@@ -1,7 +1,8 @@
 """`eagle3-train train`: training-time-test training (or finetuning) of an EAGLE-3 draft on extracted hidden states.
 
 Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single-process or under
-`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA).
+`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA), in every hidden-state mode
+(offline, online, hybrid: each rank fetches its own micro-batches).
 """
 
 from __future__ import annotations
@@ -141,16 +142,14 @@ class Trainer:
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.hidden_states_mode == "hybrid" and self.info.world_size > 1:
-            raise Eagle3InputError("train.hidden_states_mode hybrid runs in one process (its first epoch writes one "
-                                   "shard directory); use online mode under torchrun, or hybrid without it")
         if cfg.prefetch < 0:
             raise Eagle3InputError(f"train.prefetch must be >= 0, got {cfg.prefetch}")
-        self.train_data = open_samples(cfg, self.inputs, "train")
+        ranks = dict(rank=self.info.rank, world_size=self.info.world_size)
+        self.train_data = open_samples(cfg, self.inputs, "train", **ranks)
         if len(self.train_data) == 0:
             raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
         try:
-            self.val_data: TrainingSamples | None = open_samples(cfg, self.inputs, "validation")
+            self.val_data: TrainingSamples | None = open_samples(cfg, self.inputs, "validation", **ranks)
             if len(self.val_data) == 0:
                 self.val_data = None
         except Eagle3InputError as e:
@@ -174,7 +173,8 @@ class Trainer:
         self.started = now_iso()
         self.writer = None
         self.last_save = time.monotonic()
-        self.skipped_before = 0  # samples the source skipped in earlier invocations (resume)
+        self.skipped_before = 0  # samples the sources skipped in earlier invocations (resume)
+        self.skipped_now = 0  # ...in this one, summed over the ranks, in the steps trained and validations run
         self.timing = {"fetch_wait_s": 0.0, "train_s": 0.0}  # this invocation: waiting on the source, computing
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
@@ -187,7 +187,9 @@ class Trainer:
                               source=self.source_record())
 
     def skipped_samples(self) -> int:
-        return self.skipped_before + self.train_data.skipped + (self.val_data.skipped if self.val_data else 0)
+        """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
+        ahead but not trained is not counted: a resume fetches it again)."""
+        return self.skipped_before + self.skipped_now
 
     def timing_record(self) -> dict[str, float]:
         """Where this invocation's time went: training compute, the loop waiting on the source, and (online/hybrid)
@@ -295,12 +297,19 @@ class Trainer:
         mine = micro[self.info.rank::self.info.world_size]
         return [b for b in (self.train_data.batch(m) for m in mine) if b is not None]
 
-    def train_step(self, micro: list[list[int]], batches: list | None = None) -> tuple[StepSums, int]:
+    def fetch_step(self, micro: list[list[int]]) -> tuple[list[list[int]], list, int]:
+        """(micro, this rank's share fetched, samples the source skipped doing so). One fetch at a time."""
+        before = self.train_data.skipped
+        batches = self.rank_batches(micro)
+        return micro, batches, self.train_data.skipped - before
+
+    def train_step(self, micro: list[list[int]], batches: list | None = None, skipped: int = 0
+                   ) -> tuple[StepSums, int]:
         """One optimizer step over this rank's share of `micro` (all ranks see the same list); `batches`: that
-        share already fetched."""
+        share already fetched, `skipped`: samples left out of it by the source (counted over the ranks)."""
         cfg = self.cfg
         if batches is None:
-            batches = self.rank_batches(micro)
+            _, batches, skipped = self.fetch_step(micro)
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
             denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
@@ -322,9 +331,10 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         all_reduce_sum_(sums.values, self.info)
-        t = torch.tensor([tokens], dtype=torch.float64)
+        t = torch.tensor([tokens, skipped], dtype=torch.float64)
         all_reduce_sum_(t, self.info)
-        return sums, int(t.item())
+        self.skipped_now += int(t[1].item())
+        return sums, int(t[0].item())
 
     @torch.no_grad()
     def evaluate(self, data: TrainingSamples | None = None) -> dict[str, float]:
@@ -336,6 +346,7 @@ class Trainer:
         if self.cfg.max_eval_batches:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
+        skipped_before = data.skipped
         for b in plan[self.info.rank::self.info.world_size]:
             batch = data.batch(b)
             if batch is None:  # every sample skipped by the source (counted there)
@@ -345,6 +356,8 @@ class Trainer:
             _, s = self._forward(batch, denom)
             sums.add(s)
         all_reduce_sum_(sums.values, self.info)
+        skipped = all_reduce_sum_(torch.tensor([data.skipped - skipped_before], dtype=torch.float64), self.info)
+        self.skipped_now += int(skipped.item())
         return sums.summary()
 
     def _best_key(self) -> str:
@@ -409,7 +422,7 @@ class Trainer:
             mps = self.micro_per_step
             # Online/hybrid: the next steps' hidden states are requested while this one trains.
             steps = [plan[i:i + mps] for i in range(self.batch_in_epoch, usable - mps + 1, mps)]
-            feed = Prefetcher(lambda micro: (micro, self.rank_batches(micro)), steps,
+            feed = Prefetcher(self.fetch_step, steps,
                               cfg.prefetch if cfg.hidden_states_mode != "offline" else 0)
             try:
                 while self.batch_in_epoch + mps <= usable and self.step < stop_at:
@@ -429,9 +442,9 @@ class Trainer:
                   stop_at: int) -> StepSums:
         """Train on the next fetched step; log, validate and save on schedule. Returns the metrics window."""
         cfg = self.cfg
-        micro, batches = next(feed)
+        micro, batches, skipped = next(feed)
         t_train = time.perf_counter()
-        sums, tokens = self.train_step(micro, batches)
+        sums, tokens = self.train_step(micro, batches, skipped)
         self.timing["train_s"] += time.perf_counter() - t_train
         self.batch_in_epoch += self.micro_per_step
         self.step += 1
