@@ -38,6 +38,7 @@ def _poison_shard(path: Path) -> None:
     index_path.write_text(json.dumps(index))
 
 
+@pytest.mark.slow
 def test_nan_in_hidden_states_stops_training_naming_the_shard(tiny_stages, tmp_path):
     root, _ = tiny_stages
     hidden = tmp_path / "hidden"
