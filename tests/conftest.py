@@ -12,6 +12,12 @@
   Example: `tiny_llama_dir(num_hidden_layers=6, tie_word_embeddings=False)`. Keep `vocab_size` >= 49152 when
   feeding it text from the tokenizer (a smaller vocabulary cannot embed every token id it produces).
 
+- `head`, `vocab_a`, `ref` (session), `inputs` (per test): the published-layout reference of tests/draft_layouts.py,
+  shared by the finetune, aux-layer, inspect and output-directory tests (at SmolLM2's dimensions it takes seconds to
+  build): a random bf16-exact (embedding, lm_head) pair standing in for SmolLM2's, a 2048-token draft vocabulary
+  (d2t, t2d) drawn with seed 1, the reference draft on them with default flags, and the RunInputs of a run on them.
+  Treat them as read-only; a module needing another reference overrides `ref` (tests/test_inspect.py).
+
 Tests not marked `slow` run on one intra-op thread (see `pytest_runtest_setup`).
 """
 
@@ -110,3 +116,31 @@ def tiny_stages(tmp_path_factory, tiny_llama_dir):
 
     verifier = tiny_llama_dir(initializer_range=0.5)
     return build_stages(tmp_path_factory.mktemp("tiny-stages"), verifier), verifier
+
+
+@pytest.fixture(scope="session")
+def head():
+    from draft_layouts import verifier_head
+
+    return verifier_head()
+
+
+@pytest.fixture(scope="session")
+def vocab_a():
+    from draft_layouts import VD, random_token_ids, vocab_from_ids
+
+    return vocab_from_ids(random_token_ids(VD, seed=1))
+
+
+@pytest.fixture(scope="session")
+def ref(head, vocab_a):
+    from draft_layouts import reference_draft
+
+    return reference_draft(head[0], vocab_a)
+
+
+@pytest.fixture
+def inputs(tmp_path, head, vocab_a):
+    from draft_layouts import make_inputs
+
+    return make_inputs(tmp_path, head[0], head[1], vocab_a)
