@@ -24,14 +24,13 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import OUT, build_data, cpu_model  # noqa: E402  (reuse the same data and machine record)
+from train_throughput import OUT, build_data, cpu_model, run_child  # noqa: E402  (reuse the same data and machine record)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -141,11 +140,7 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", str(k), "--steps", str(args.steps)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(line[7:])
+        r = run_child(cmd, env)
         results["runs"].append(r)
         print(f"TTT {k}: measured {r['measured_training_mb']} MB (peak anon {r['peak_anon_mb']} - baseline "
               f"{r['baseline_anon_mb']}), planned {r['planned_mb']} MB -> ratio {r['ratio_planned_to_measured']} "

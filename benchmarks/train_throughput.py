@@ -69,6 +69,15 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run one setting in a fresh process (clean peak RSS) and return the JSON of its `RESULT ` line."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        sys.exit(f"benchmark child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--limit", type=int, default=200, help="ShareGPT conversations")
@@ -93,11 +102,7 @@ def main() -> None:
             cmd += ["--threads", str(args.threads)]
         for o in args.set:
             cmd += ["--set", o]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            sys.exit(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(line[7:])
+        r = run_child(cmd)
         results["runs"].append(r)
         print(f"TTT steps {k}: {r['tokens_per_s']} tokens/s, peak RSS {r['peak_rss_gb']} GB "
               f"({r['tokens']} tokens in {r['seconds']} s, {r['threads']} threads)")

@@ -11,6 +11,14 @@
   session); weights come from `seed` (an override key, default 0), so they are reproducible.
   Example: `tiny_llama_dir(num_hidden_layers=6, tie_word_embeddings=False)`. Keep `vocab_size` >= 49152 when
   feeding it text from the tokenizer (a smaller vocabulary cannot embed every token id it produces).
+
+- `head`, `vocab_a`, `ref` (session), `inputs` (per test): the published-layout reference of tests/draft_layouts.py,
+  shared by the finetune, aux-layer, inspect and output-directory tests (at SmolLM2's dimensions it takes seconds to
+  build): a random bf16-exact (embedding, lm_head) pair standing in for SmolLM2's, a 2048-token draft vocabulary
+  (d2t, t2d) drawn with seed 1, the reference draft on them with default flags, and the RunInputs of a run on them.
+  Treat them as read-only; a module needing another reference overrides `ref` (tests/test_inspect.py).
+
+Tests not marked `slow` run on one intra-op thread (see `pytest_runtest_setup`).
 """
 
 from __future__ import annotations
@@ -38,6 +46,24 @@ TINY_LLAMA_CONFIG = {
     "pad_token_id": 2,
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+_default_threads: int | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """One intra-op thread for the fast tier (its fixtures included), torch's default for tests marked slow.
+
+    On tiny tensors thread hand-offs cost far more than they save, the more so on a shared CPU: on the 2-core test
+    machine under load, 400 Adam steps on a 4x7 tensor took 7 s of CPU with two threads and 0.05 s with one."""
+    import torch
+
+    global _default_threads
+    if _default_threads is None:
+        _default_threads = torch.get_num_threads()
+    want = _default_threads if item.get_closest_marker("slow") else 1
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +116,31 @@ def tiny_stages(tmp_path_factory, tiny_llama_dir):
 
     verifier = tiny_llama_dir(initializer_range=0.5)
     return build_stages(tmp_path_factory.mktemp("tiny-stages"), verifier), verifier
+
+
+@pytest.fixture(scope="session")
+def head():
+    from draft_layouts import verifier_head
+
+    return verifier_head()
+
+
+@pytest.fixture(scope="session")
+def vocab_a():
+    from draft_layouts import VD, random_token_ids, vocab_from_ids
+
+    return vocab_from_ids(random_token_ids(VD, seed=1))
+
+
+@pytest.fixture(scope="session")
+def ref(head, vocab_a):
+    from draft_layouts import reference_draft
+
+    return reference_draft(head[0], vocab_a)
+
+
+@pytest.fixture
+def inputs(tmp_path, head, vocab_a):
+    from draft_layouts import make_inputs
+
+    return make_inputs(tmp_path, head[0], head[1], vocab_a)

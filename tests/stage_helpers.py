@@ -1,11 +1,19 @@
-"""Real prepare -> vocab -> extract outputs on a tiny random Llama verifier, shared by the training tests."""
+"""Real prepare -> vocab -> extract outputs on a tiny random Llama verifier, shared by the training tests, and the
+kill-and-compare steps of the extract resume tests (HF and vLLM backends)."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import time
 from pathlib import Path
+
+import torch
 
 from eagle3_train.data.prepare import prepare
 from eagle3_train.hidden_states.extract import extract
+from eagle3_train.hidden_states.store import HiddenStatesReader
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.vocab.build import build_vocab
 
@@ -25,3 +33,30 @@ def train_config(root: Path, out: Path, **kw) -> TrainConfig:
                 tensorboard=False, seed=0)
     base.update(kw)
     return TrainConfig(**base)
+
+
+def kill_after_first_shard(cmd: list[str], env: dict[str, str], out: Path) -> dict:
+    """Run an extract command writing to `out` and SIGKILL it as soon as train/index.json lists a finished shard;
+    returns that index (what a kill -9 mid-run leaves)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    index_path = out / "train" / "index.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if index_path.is_file() and json.loads(index_path.read_text())["shards"]:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "extraction finished before it could be killed:\n" + proc.stdout.read().decode()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    return json.loads(index_path.read_text())
+
+
+def assert_same_hidden_states(expected: Path, actual: Path, splits) -> None:
+    """Both extract outputs hold the same samples with bit-identical aux and final states."""
+    for split in splits:
+        want, got = HiddenStatesReader(expected, split), HiddenStatesReader(actual, split)
+        assert got.sample_indices == want.sample_indices, split
+        for i in want.sample_indices:
+            a, b = want.load(i), got.load(i)
+            assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)

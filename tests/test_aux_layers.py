@@ -14,14 +14,9 @@ import pytest
 import torch
 from draft_layouts import (
     LAYER_IDS,
-    VD,
     make_inputs,
     probe_logits,
-    random_token_ids,
-    reference_draft,
     train_config,
-    verifier_head,
-    vocab_from_ids,
     write_eagle_aux_keys,
 )
 
@@ -32,21 +27,6 @@ from eagle3_train.utils.io import Eagle3InputError
 
 OTHER = (3, 16, 28)  # one layer deeper than LAYER_IDS (2, 15, 27), the default taps of the 30-layer verifier
 SGL = [i - 1 for i in LAYER_IDS]  # the same physical layers in SGLang's convention
-
-
-@pytest.fixture(scope="module")
-def head():
-    return verifier_head()
-
-
-@pytest.fixture(scope="module")
-def vocab_a():
-    return vocab_from_ids(random_token_ids(VD, seed=1))
-
-
-@pytest.fixture(scope="module")
-def ref(head, vocab_a):
-    return reference_draft(head[0], vocab_a)
 
 
 # (top-level ids, nested ids) -> (source layers in vLLM's convention, origin)

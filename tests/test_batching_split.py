@@ -84,3 +84,33 @@ def test_tiny_sets_get_both_splits_and_bad_values_are_refused():
         assign_splits(["a"], 1.0, seed=0)
     with pytest.raises(ValueError, match="val_count"):
         assign_splits(["a"], 0.1, seed=0, val_count=-1)
+
+
+def test_a_training_batch_pads_on_the_right_and_keeps_each_samples_rows(tiny_stages):
+    """TrainingSamples.batch joins each prepared row with its stored hidden states by sample index, in the order asked,
+    right-padded with zeros (token 0, mask off, zero features) to the longest sample."""
+    import torch
+
+    from eagle3_train.data.prepare import load_prepared
+    from eagle3_train.hidden_states.store import HiddenStatesReader
+    from eagle3_train.train.data import TrainingSamples
+
+    root, _ = tiny_stages
+    data = TrainingSamples(root / "prepared", root / "hidden", "train")
+    reader = HiddenStatesReader(root / "hidden", "train")
+    rows = load_prepared(root / "prepared")[0]["train"]
+    short = min(range(len(data)), key=lambda p: data.lengths[p])
+    longer = [p for p in range(len(data)) if data.lengths[p] > data.lengths[short]]
+    positions = [longer[-1], short, longer[0]]  # not in sample order; the short one is padded
+    lengths = [len(rows[data.indices[p]]["input_ids"]) for p in positions]
+    batch = data.batch(positions)
+    L = max(lengths)
+    assert batch.input_ids.shape == batch.loss_mask.shape == (3, L) and batch.aux.shape[:2] == batch.final.shape[:2]
+    assert batch.lengths.tolist() == lengths and batch.num_tokens == sum(lengths)
+    for b, (p, n) in enumerate(zip(positions, lengths)):
+        row, stored = rows[data.indices[p]], reader.load(data.indices[p])
+        assert batch.input_ids[b, :n].tolist() == row["input_ids"] and not batch.input_ids[b, n:].any()
+        assert batch.loss_mask[b, :n].tolist() == [bool(x) for x in row["loss_mask"]]
+        assert not batch.loss_mask[b, n:].any()
+        assert torch.equal(batch.aux[b, :n], stored["aux"]) and torch.equal(batch.final[b, :n], stored["final"])
+        assert not batch.aux[b, n:].any() and not batch.final[b, n:].any()

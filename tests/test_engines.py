@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from draft_layouts import VD, random_token_ids, reference_draft, verifier_head, vocab_from_ids, write_ours
+from draft_layouts import reference_draft, write_ours
 
 from eagle3_train import cli
 from eagle3_train.export.exporter import export
@@ -14,11 +14,10 @@ from eagle3_train.utils.io import Eagle3InputError
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, head, vocab_a, ref):
     root = tmp_path_factory.mktemp("runs")
-    head, vocab = verifier_head(), vocab_from_ids(random_token_ids(VD, seed=1))
-    plain = write_ours(reference_draft(head[0], vocab), root / "plain")
-    eagle31 = write_ours(reference_draft(head[0], vocab, norm_before_fc=True, norm_output=True), root / "eagle31")
+    plain = write_ours(ref, root / "plain")
+    eagle31 = write_ours(reference_draft(head[0], vocab_a, norm_before_fc=True, norm_output=True), root / "eagle31")
     return plain, eagle31
 
 
@@ -49,9 +48,8 @@ def test_speculators_format_is_not_for_sglang(runs, tmp_path):
         export(runs[0], tmp_path / "x", fmt="speculators", verifier="v", engine="sglang")
 
 
-def test_speculators_export_records_the_verifier_as_the_user_named_it(tmp_path):
-    head, vocab = verifier_head(), vocab_from_ids(random_token_ids(VD, seed=1))
-    ref = reference_draft(head[0], vocab)
+def test_speculators_export_records_the_verifier_as_the_user_named_it(head, vocab_a, tmp_path):
+    ref = reference_draft(head[0], vocab_a)  # its own: the test edits its config
     ref.config.verifier["name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the user passed to train
     local = "/home/me/.cache/eagle3-train/verifiers/smollm2"  # where it resolved on the training machine
     run = write_ours(ref, tmp_path / "run", {"verifier": {"name": ref.config.verifier["name_or_path"], "path": local}})

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
+from stage_helpers import assert_same_hidden_states, kill_after_first_shard
 
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
@@ -367,18 +366,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, tiny_llama):
            "--verifier", str(tiny_llama), "--out", str(out), *opts]
     env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
 
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    index_path = out / "train" / "index.json"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if index_path.is_file() and json.loads(index_path.read_text())["shards"]:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "extraction finished before it could be killed:\n" + proc.stdout.read().decode()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
-    index = json.loads(index_path.read_text())
+    index = kill_after_first_shard(cmd, env, out)
     assert 1 <= len(index["shards"]) < index["num_shards"] and not index["complete"]
     assert json.loads((out / "manifest.json").read_text())["status"] == "in_progress"
     finished = {out / "train" / e["file"]: (os.stat(out / "train" / e["file"]).st_ino,
@@ -397,11 +385,8 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, tiny_llama):
                      *opts]) == 0
     check_compatible(out, prepared, tiny_llama)
     for split in lengths:
-        resumed, ref = HiddenStatesReader(out, split), HiddenStatesReader(reference, split)
-        assert resumed.sample_indices == ref.sample_indices == list(range(len(lengths[split])))
-        for i in ref.sample_indices:
-            a, b = resumed.load(i), ref.load(i)
-            assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)
+        assert HiddenStatesReader(reference, split).sample_indices == list(range(len(lengths[split])))
+    assert_same_hidden_states(reference, out, lengths)
     assert json.loads((out / "manifest.json").read_text())["counts"] == json.loads(
         (reference / "manifest.json").read_text())["counts"]
 

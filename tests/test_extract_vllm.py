@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from stage_helpers import assert_same_hidden_states, kill_after_first_shard
 from vllm_helpers import require_vllm
 
 from eagle3_train import cli
@@ -131,11 +130,7 @@ def test_resume_after_partial_output(tmp_path, vllm_run, prepared, smollm2_dir, 
     again = extract(prepared, smollm2_dir, out, backend="vllm", endpoints=[server.base_url], **OPTS)
     assert again["status"] == "complete" and not list(out.glob("**/*.tmp"))
     assert {f: (out / "train" / f).stat().st_mtime_ns for f in kept} == kept, "finished shards were recomputed"
-    full, resumed = HiddenStatesReader(vllm_run, "train"), HiddenStatesReader(out, "train")
-    assert resumed.sample_indices == full.sample_indices
-    for i in full.sample_indices:
-        a, b = full.load(i), resumed.load(i)
-        assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), i
+    assert_same_hidden_states(vllm_run, out, ["train"])
 
 
 def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server):
@@ -145,30 +140,14 @@ def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server)
            "--shard-tokens", str(OPTS["shard_tokens"]), "--token-budget", str(OPTS["token_budget"]),
            "--concurrency", "1"]  # one request at a time: slow enough to be killed between shards
     env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    index_path = out / "train" / "index.json"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if index_path.is_file() and json.loads(index_path.read_text())["shards"]:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "extraction finished before it could be killed:\n" + proc.stdout.read().decode()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
-    index = json.loads(index_path.read_text())
+    index = kill_after_first_shard(cmd, env, out)
     assert 1 <= len(index["shards"]) < index["num_shards"]
     finished = {e["file"]: (out / "train" / e["file"]).stat().st_mtime_ns for e in index["shards"]}
 
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert {f: (out / "train" / f).stat().st_mtime_ns for f in finished} == finished, "finished shards rewritten"
-    for split in SPLITS:
-        full, resumed = HiddenStatesReader(vllm_run, split), HiddenStatesReader(out, split)
-        assert resumed.sample_indices == full.sample_indices
-        for i in full.sample_indices:
-            a, b = full.load(i), resumed.load(i)
-            assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)
+    assert_same_hidden_states(vllm_run, out, SPLITS)
 
 
 def test_bad_endpoint_and_wrong_layers(tmp_path, prepared, smollm2_dir, server):

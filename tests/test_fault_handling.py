@@ -38,6 +38,7 @@ def _poison_shard(path: Path) -> None:
     index_path.write_text(json.dumps(index))
 
 
+@pytest.mark.slow
 def test_nan_in_hidden_states_stops_training_naming_the_shard(tiny_stages, tmp_path):
     root, _ = tiny_stages
     hidden = tmp_path / "hidden"
@@ -90,6 +91,7 @@ def _prepare_cmd(tmp_path: Path, verifier: Path, out: Path) -> list[str]:
             "--out", str(out), "--val-count", "1"]
 
 
+@pytest.mark.slow
 def test_cli_full_disk_is_a_clear_error(tiny_llama_dir, tmp_path):
     """A size limit on files (RLIMIT_FSIZE) makes writes fail as a full disk would: exit 2, no traceback."""
     cmd = _prepare_cmd(tmp_path, tiny_llama_dir(), tmp_path / "out")

@@ -19,10 +19,8 @@ from draft_layouts import (
     bf16_exact,
     make_inputs,
     probe_logits,
-    random_token_ids,
     reference_draft,
     train_config,
-    verifier_head,
     vocab_from_ids,
     write_big_eagle_draft,
     write_eagle_original,
@@ -42,28 +40,8 @@ from eagle3_train.utils.io import Eagle3InputError
 
 
 @pytest.fixture(scope="module")
-def head():
-    return verifier_head()
-
-
-@pytest.fixture(scope="module")
-def vocab_a():
-    return vocab_from_ids(random_token_ids(VD, seed=1))
-
-
-@pytest.fixture(scope="module")
-def ref(head, vocab_a):
-    return reference_draft(head[0], vocab_a)
-
-
-@pytest.fixture(scope="module")
 def ref_logits(ref):
     return probe_logits(ref)
-
-
-@pytest.fixture
-def inputs(tmp_path, head, vocab_a):
-    return make_inputs(tmp_path, head[0], head[1], vocab_a)
 
 
 def sha256(path) -> str:

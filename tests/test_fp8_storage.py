@@ -47,6 +47,7 @@ def smollm2_states(smollm2_dir, smollm2_tokenizer):
     return torch.cat(aux), torch.cat(final), model.config.hidden_size
 
 
+@pytest.mark.slow
 def test_round_trip_error_on_smollm2_activations(smollm2_states):
     aux, final, hidden = smollm2_states
     # The residual stream of SmolLM2 has massive activations: a few channels far above the rest of the row.

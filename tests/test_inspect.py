@@ -9,12 +9,8 @@ import math
 import pytest
 from draft_layouts import (
     VD,
-    make_inputs,
-    random_token_ids,
     reference_draft,
     train_config,
-    verifier_head,
-    vocab_from_ids,
     write_big_eagle_draft,
     write_eagle_original,
     write_ours,
@@ -31,23 +27,9 @@ from eagle3_train.utils.io import Eagle3InputError
 
 
 @pytest.fixture(scope="module")
-def head():
-    return verifier_head()
-
-
-@pytest.fixture(scope="module")
-def vocab():
-    return vocab_from_ids(random_token_ids(VD, seed=1))
-
-
-@pytest.fixture(scope="module")
-def ref(head, vocab):
-    return reference_draft(head[0], vocab, norm_before_fc=True, norm_output=True, norm_before_residual=True)
-
-
-@pytest.fixture
-def inputs(tmp_path, head, vocab):
-    return make_inputs(tmp_path, head[0], head[1], vocab)
+def ref(head, vocab_a):
+    """Overrides conftest's: this module's reference has every optional norm."""
+    return reference_draft(head[0], vocab_a, norm_before_fc=True, norm_output=True, norm_before_residual=True)
 
 
 def test_external_speculators_draft(ref, tmp_path):
@@ -66,8 +48,8 @@ def test_external_speculators_draft(ref, tmp_path):
     assert "no training_metadata.json" in format_report(info)
 
 
-def test_original_eagle_bin_lists_its_own_names(head, vocab, tmp_path):
-    ref = reference_draft(head[0], vocab)
+def test_original_eagle_bin_lists_its_own_names(head, vocab_a, tmp_path):
+    ref = reference_draft(head[0], vocab_a)
     info = inspect_checkpoint(write_eagle_original(ref, tmp_path / "eagle"))
     assert info["format"] == "eagle"
     assert "midlayer.mlp.down_proj.weight" in info["tensors"] and "t2d" not in info["tensors"]

@@ -92,6 +92,7 @@ def test_verifier_mass_on_the_draft_vocab():
     assert torch.allclose(part.in_mass, expect, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LOSSES)
 def test_training_runs_with_each_loss(tiny_stages, tmp_path, name):
     root, _ = tiny_stages

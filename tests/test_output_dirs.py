@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from draft_layouts import VD, random_token_ids, reference_draft, verifier_head, vocab_from_ids, write_ours
+from draft_layouts import write_ours
 
 from eagle3_train import cli
 from eagle3_train.utils.io import Eagle3InputError, atomic_dir, has_file, recover_replaced_dir, replace_dir
@@ -26,9 +26,7 @@ def _untouched(d: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    head = verifier_head()
-    ref = reference_draft(head[0], vocab_from_ids(random_token_ids(VD, seed=1)))
+def run_dir(tmp_path_factory, ref):
     return write_ours(ref, tmp_path_factory.mktemp("run") / "run")
 
 

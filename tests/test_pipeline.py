@@ -81,6 +81,7 @@ def _small_config(tmp_path, verifier, data) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_dir):
     from eagle3_train.assets.conversations import load_conversations
 
@@ -123,6 +124,7 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     assert all(third[s] > second[s] for s in ("prepare", "extract", "train")), (second, third)
 
 
+@pytest.mark.slow
 def test_on_policy_generation_never_silently_becomes_off_policy(tmp_path, tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("EAGLE3_VLLM_PYTHON", str(tmp_path / "no-such-python"))
     config = _small_config(tmp_path, tiny_llama_dir(), "sharegpt")

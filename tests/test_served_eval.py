@@ -103,6 +103,7 @@ def test_run_served_writes_results(servers, tmp_path):
     assert all(json.loads(x)["outputs"] == json.loads(x)["baseline_outputs"] for x in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_evaluate_served_cli_with_out_writes_results_and_chart(servers, tmp_path, capsys):
     """`eagle3-train evaluate served --endpoint URL --prompts FILE --turns 1 --out DIR` as the README runs it."""
