@@ -35,11 +35,7 @@ def run_ours(ttt: int, steps: int, overrides: list[str]) -> dict:
     cmd = [sys.executable, str(HERE / "train_throughput.py"), "--child", str(ttt), "--steps", str(steps)]
     for o in overrides:
         cmd += ["--set", o]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"eagle3-train run failed:\n{proc.stderr[-3000:]}")
-    r = json.loads(line[7:])
+    r = ours.run_child(cmd)
     return {"tokens_per_s": r["tokens_per_s"], "peak_rss_gib": round(r["peak_rss_gb"], 2), "steps": steps}
 
 
