@@ -88,7 +88,8 @@ def serve(draft: str, num_prompts: int, log_dir: Path) -> dict:
             prompts = load_prompts(bench, limit=num_prompts, turns=1)
             r = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=128, concurrency=8,
                                 temperature=temperature, seed=0)
-            out[name] = {**acceptance_summary(r), "num_prompts": len(prompts), "temperature": temperature}
+            out[name] = {**acceptance_summary(r), "num_prompts": len(prompts), "temperature": temperature,
+                         "first_outputs": [c["outputs"][0][:300] for c in r["completions"][:3] if c["outputs"]]}
             print(f"  {name}: {out[name]['mean_acceptance_length']:.3f}", flush=True)
     return out
 
