@@ -293,6 +293,22 @@ def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     return dd, manifest
 
 
+def check_prepared_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
+    """The prepared-data contract: refuse data tokenized with another tokenizer than the verifier's (its token ids
+    mean other text)."""
+    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
+    tok = manifest.get("tokenizer") or {}
+    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
+    if not recorded or not tokenizer_json.is_file():
+        return
+    now = sha256_file(tokenizer_json)
+    if now != recorded:
+        raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
+                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
+                               f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
+                               f"prepared for")
+
+
 def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: bool | None = None) -> str:
     """N samples decoded with the supervised tokens highlighted (ANSI green on a terminal, else «...»)."""
     from transformers import AutoTokenizer

@@ -17,17 +17,17 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from eagle3_train.export.engines import ENGINES, check_target, engine_support
-from eagle3_train.export.layouts import (
+from eagle3_train.checkpoints.formats import load_draft_source
+from eagle3_train.checkpoints.layouts import (
     eagle_config_json,
     expected_shapes,
     export_key,
     speculators_config_json,
 )
+from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_metadata, resolve_checkpoint
+from eagle3_train.export.engines import ENGINES, check_target, engine_support
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.formats import load_draft_source
 from eagle3_train.settings import ExportFormat, ExportSettings
-from eagle3_train.train.checkpoint import METADATA, WEIGHTS, load_draft
 from eagle3_train.utils.io import Eagle3InputError, atomic_dir, claim_output_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -36,19 +36,6 @@ log = logging.getLogger(__name__)
 FORMATS = typing.get_args(ExportFormat)
 DEFAULT_SPECULATIVE_TOKENS = ExportSettings.speculative_tokens  # k of exports; training ranks checkpoints/best at it
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a run directory (uses final/ or the latest checkpoint) or a checkpoint directory."""
-    p = Path(path)
-    if (p / "draft_config.json").is_file():
-        return p
-    if (p / "final" / "draft_config.json").is_file():
-        return p / "final"
-    pointer = p / "checkpoints" / "latest.json"
-    if pointer.is_file():
-        return p / "checkpoints" / read_json(pointer)["dir"]
-    raise Eagle3InputError(f"{p} is neither an eagle3-train checkpoint nor a training run directory")
 
 
 def validate_tensors(model: Eagle3Draft, tensors: dict[str, torch.Tensor]) -> None:
@@ -137,7 +124,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         _check_replace(out, source)
     model = load_draft(ckpt_dir)
     cfg = model.config
-    metadata = read_json(ckpt_dir / METADATA, "training metadata") if (ckpt_dir / METADATA).is_file() else {}
+    metadata = read_metadata(ckpt_dir) or {}
     # What the user named (hub id, embedded name, path) before the machine-local directory it resolved to.
     recorded = metadata.get("verifier") or {}
     verifier_path = verifier or cfg.verifier.get("name_or_path") or recorded.get("name") or recorded.get("path")

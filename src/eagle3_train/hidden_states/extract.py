@@ -43,6 +43,7 @@ from eagle3_train.assets.verifier import (
     same_verifier,
     verifier_identity,
 )
+from eagle3_train.data.prepare import check_prepared_tokenizer
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
@@ -185,21 +186,6 @@ def load_prepared(prepared_dir: str | Path, splits: Sequence[str]):
             raise Eagle3InputError(f"split '{split}' of {data_dir} lacks column(s) {', '.join(missing)} "
                                    f"(has {', '.join(ds[split].column_names)})")
     return ds
-
-
-def check_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
-    """Refuse prepared data tokenized with another tokenizer than the verifier's (its token ids mean other text)."""
-    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
-    tok = manifest.get("tokenizer") or {}
-    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
-    if not recorded or not tokenizer_json.is_file():
-        return
-    now = sha256_file(tokenizer_json)
-    if now != recorded:
-        raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
-                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
-                               f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
-                               f"prepared for")
 
 
 def decoder_parts(model) -> tuple[Any, Any]:
@@ -398,7 +384,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
         recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
         verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
     verifier_path = resolve_verifier(verifier)
-    check_tokenizer(prepared_dir, verifier_path)
+    check_prepared_tokenizer(prepared_dir, verifier_path)
     config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
