@@ -108,13 +108,13 @@ class Pipeline:
         claim_output_dir(rd, "run_dir", has_file("pipeline_state.json", "pipeline_config.json"))
         rd.mkdir(parents=True, exist_ok=True)
         write_json(rd / "pipeline_config.json", {"config": cfg, "environment": environment(), "time": now_iso()})
-        verifier = cfg["verifier"]
         trc = bool(cfg["trust_remote_code"])  # not in the stage keys: it lets code run, it does not change outputs
-        from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.assets.verifier import Verifier
 
-        verifier_dir = resolve_verifier(verifier)
+        verifier = Verifier.resolve(cfg["verifier"])  # once for every stage; manifests record verifier.name
+        verifier_dir = verifier.path
         # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
-        self.verifier_key = {"name": str(verifier), **verifier_key(verifier_dir)}
+        self.verifier_key = verifier.stage_key()
         prep = dict(cfg["prepare"])
         data_source = prep.pop("data")
         gen = dict(cfg["generate"])
@@ -151,7 +151,7 @@ class Pipeline:
 
         train_out = rd / "train"
         t_values = {"prepared": str(prepared), "hidden_states": str(hidden), "vocab": str(vocab_dir),
-                    "out": str(train_out), "verifier": str(verifier), **cfg["train"]}
+                    "out": str(train_out), "verifier": verifier.name, **cfg["train"]}
         t_settings = {**t_values, "inputs": [p_settings, e_settings, v_settings]}
         self.summary["train"] = self.stage("train", t_settings, train_out / "final",
                                            lambda: self._train(t_values, train_out, t_settings),
@@ -165,7 +165,7 @@ class Pipeline:
         for fmt in formats:
             out = rd / f"export-{fmt}"
             res = self.stage(f"export-{fmt}", {**ex, "format": fmt, "train": t_settings}, out / "config.json",
-                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=str(verifier),
+                             lambda fmt=fmt, out=out: export(train_out, out, fmt=fmt, verifier=verifier,
                                                              overwrite=True, **ex), after=("train",))
             exports[fmt] = res["out"]
             self.summary.setdefault("serve", {})[fmt] = res["serve"]
@@ -178,12 +178,12 @@ class Pipeline:
     def dry_run(self) -> dict[str, Any]:
         """Validate the config and report which stages would run; when prepare, vocab and extract are done, run
         `train --dry-run` on their outputs (nothing else is written)."""
-        from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.assets.verifier import Verifier
         from eagle3_train.train.config import TrainConfig
         from eagle3_train.train.dry_run import dry_run, format_report
 
         cfg, rd = self.cfg, self.run_dir
-        verifier_dir = resolve_verifier(cfg["verifier"])
+        verifier_dir = Verifier.resolve(cfg["verifier"]).path
         t_values = {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"),
                     "vocab": str(rd / "vocab"), "out": str(rd / "train"), "verifier": str(cfg["verifier"]),
                     "trust_remote_code": bool(cfg["trust_remote_code"]), **cfg["train"]}
@@ -271,16 +271,6 @@ class Pipeline:
                                       offline=run_offline, serving=serving,
                                       trust_remote_code=bool(self.cfg["trust_remote_code"]), **ev),
             after=tuple(f"export-{fmt}" for fmt in exports))
-
-
-def verifier_key(verifier_dir: Path) -> dict[str, Any]:
-    """What identifies the verifier for rerun decisions: config hash, weight sizes and modification times (cheap at
-    any size; a file rewritten in place changes its mtime)."""
-    from eagle3_train.assets.verifier import verifier_identity, weight_files
-
-    ident = verifier_identity(verifier_dir, hash_weights=False)
-    mtimes = {f.name: f.stat().st_mtime_ns for f in weight_files(verifier_dir)}
-    return {"config_sha256": ident["config_sha256"], "weights": ident["weights"], "mtimes": mtimes}
 
 
 def data_sha256(source: str | Path) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, REASONING_MODES, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits
@@ -94,7 +94,7 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
 _D = PrepareSettings  # keyword defaults below are the settings dataclass's
 
 
-def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = _D.max_length,
+def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | Path, max_length: int = _D.max_length,
             overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
@@ -116,7 +116,8 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
     conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
-    verifier_dir = resolve_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
+    verifier = as_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
+    verifier_dir = verifier.path
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)
@@ -214,8 +215,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "created": now_iso(),
         "trust_remote_code": bool(trust_remote_code),
         "source": info.to_dict(),
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
-                     "vocab_size": verifier_vocab_size(verifier_dir)},
+        "verifier": {**verifier.identity(), "vocab_size": verifier_vocab_size(verifier_dir)},
         "tokenizer": {
             "path": str(verifier_dir),
             "class": type(tokenizer).__name__,

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import OfflineEvalSettings
@@ -442,12 +443,10 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
 
 
 # --- the evaluation ---------------------------------------------------------------------------------------------
-def load_verifier(verifier: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_verifier(verifier: str | Path | Verifier, device: str = "cpu", dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3_train.assets.verifier import resolve_verifier
-
-    vdir = resolve_verifier(verifier)
+    vdir = as_verifier(verifier).path
     tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(vdir, dtype=dtype, trust_remote_code=False).to(device).eval()
     return vdir, tokenizer, model

@@ -35,14 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import (
-    from_pretrained,
-    recorded_name,
-    required_verifier,
-    resolve_verifier,
-    same_verifier,
-    verifier_identity,
-)
+from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained, same_verifier
 from eagle3_train.data.prepare import check_prepared_tokenizer
 from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
@@ -347,7 +340,7 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
 
 
-def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str | Path,
+def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, out_dir: str | Path,
             layer_ids: Sequence[int] | str | None = _D.layer_ids, dtype: str = _D.dtype, device: str | None = _D.device,
             token_budget: int = _D.token_budget, shard_tokens: int | None = _D.shard_tokens,
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
@@ -381,9 +374,10 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
-        recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
-        verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
-    verifier_path = resolve_verifier(verifier)
+        recorded = read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier")
+        verifier = Verifier.from_record(recorded, f"the prepared data {prepared_dir}")
+    verifier = as_verifier(verifier)
+    verifier_path = verifier.path
     check_prepared_tokenizer(prepared_dir, verifier_path)
     config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -417,7 +411,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
 
     settings = {
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
+        "verifier": verifier.identity(hash_weights),
         "backend": backend,
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
@@ -481,7 +475,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     manifest = {
         "stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "in_progress",
         **settings,
-        "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
+        "verifier_name": verifier.name, "prepared_dir": str(prepared_dir.resolve()),
         "aux_width": len(ids) * hidden, "bytes_per_token": bytes_per_token, "splits": {},
         "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
         "estimated_bytes": total_tokens * bytes_per_token,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from eagle3_train.assets.verifier import resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.hidden_states.layers import check_layer_order
 from eagle3_train.hidden_states.store import check_hidden_states
 from eagle3_train.model.verifier_head import (
@@ -81,12 +81,11 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     d2t, t2d = load_vocab(vpath)
 
     recorded_verifier = hidden_manifest.get("verifier", {})
-    verifier_name = cfg.verifier or recorded_verifier.get("name") or recorded_verifier.get("path")
-    if not verifier_name:
-        raise Eagle3InputError(f"{hm_path} records no verifier; pass --verifier")
-    verifier_dir = resolve_verifier(verifier_name)
+    # The name stays what the user gave (a hub id, not this machine's cache): the draft and its exports record it.
+    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(recorded_verifier, str(hm_path))
+    verifier_name, verifier_dir = verifier.name, verifier.path
     # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
-    identity = verifier_identity(verifier_dir, hash_weights=False) if recorded_verifier else None
+    identity = verifier.identity() if recorded_verifier else None
     check_hidden_states(hidden_manifest, prepared, identity, require_complete=False,
                         where=f"the hidden states in {hidden}")
     if head_shapes_only:
@@ -106,17 +105,15 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
 def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str) -> RunInputs:
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
-    from eagle3_train.assets.verifier import recorded_name, required_verifier
     from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
     from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
     if not cfg.endpoint:
         raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
                                f"started with `eagle3-train serve --extract-hidden-states`)")
-    verifier_name = required_verifier(cfg.verifier, recorded_name(prepared_manifest.get("verifier")),
-                                      f"the prepared data {prepared}")
-    verifier_dir = resolve_verifier(verifier_name)
-    identity = {"name": str(verifier_name), **verifier_identity(verifier_dir, hash_weights=False)}
+    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
+        prepared_manifest.get("verifier"), f"the prepared data {prepared}")
+    verifier_name, verifier_dir, identity = verifier.name, verifier.path, verifier.identity()
     embed, lm_head, vcfg = load_verifier_head(verifier_dir)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]))
