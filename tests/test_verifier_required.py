@@ -58,3 +58,21 @@ def test_a_verifier_named_by_hub_id_is_recorded_by_that_name_through_export(tiny
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == hub_id
     meta = json.loads((tmp_path / "spec" / "training_metadata.json").read_text())
     assert meta["verifier"]["name"] == hub_id
+
+
+def test_a_recorded_verifier_loads_from_its_directory_under_the_name_the_user_gave(tmp_path):
+    from eagle3_train.assets.verifier import Verifier, as_verifier
+    from eagle3_train.utils.io import Eagle3InputError
+
+    local = tmp_path / "snapshot"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 8}))
+    (local / "model.safetensors").write_bytes(b"0" * 16)
+    v = Verifier.from_record({"name": "org/model", "path": str(local)}, "the test manifest")
+    assert (v.name, v.path, v.config["vocab_size"]) == ("org/model", local, 8)
+    assert v.identity()["name"] == "org/model" and v.identity()["weights"] == {"model.safetensors": {"bytes": 16}}
+    assert set(v.stage_key()) == {"name", "config_sha256", "weights", "mtimes"}
+    assert v.servable() == "org/model" and as_verifier(v) is v
+    assert Verifier.resolve(local).name == str(local)  # a path given is the name recorded
+    with pytest.raises(Eagle3InputError, match="no verifier recorded with the test manifest: pass --verifier"):
+        Verifier.from_record({}, "the test manifest")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, resolve_verifier, same_verifier, verifier_identity
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 EXPECTED_FORMAT = "eagle3-train-hidden-states"
@@ -36,12 +36,13 @@ def read_manifest(hidden_dir: str | Path) -> dict:
     return manifest
 
 
-def check_hidden_states(hidden: str | Path | dict, prepared_dir: str | Path, verifier: str | Path | dict | None = None,
-                     layer_ids: Sequence[int] | None = None, require_complete: bool = True,
-                     hash_weights: bool = True, where: str | None = None) -> dict:
+def check_hidden_states(hidden: str | Path | dict, prepared_dir: str | Path,
+                        verifier: str | Path | Verifier | dict | None = None,
+                        layer_ids: Sequence[int] | None = None, require_complete: bool = True,
+                        hash_weights: bool = True, where: str | None = None) -> dict:
     """Raise Eagle3InputError unless the hidden states were extracted from `prepared_dir` with `verifier`.
 
-    `hidden` is the extract output dir or its manifest; `verifier` a name/dir or a `verifier_identity` dict (None:
+    `hidden` is the extract output dir or its manifest; `verifier` a name/dir, a Verifier or an identity dict (None:
     skip that check). `hash_weights=False` compares weight-file sizes only (fast for large verifiers).
     Returns the manifest.
     """
@@ -57,8 +58,12 @@ def check_hidden_states(hidden: str | Path | dict, prepared_dir: str | Path, ver
             f"({manifest.get('prepared_dir')}, manifest sha256 {str(manifest.get('prepared_manifest_sha256'))[:12]}), "
             f"this data's manifest has sha256 {sha[:12]}; rerun `eagle3-train extract` on this data")
     if verifier is not None:
-        ident = verifier if isinstance(verifier, dict) else verifier_identity(resolve_verifier(verifier),
-                                                                              hash_weights=hash_weights)
+        if isinstance(verifier, dict):
+            ident = verifier
+        elif isinstance(verifier, Verifier):
+            ident = verifier.identity(hash_weights)
+        else:
+            ident = verifier_identity(resolve_verifier(verifier), hash_weights=hash_weights)
         if not same_verifier(manifest.get("verifier", {}), ident):
             raise Eagle3InputError(
                 f"{where} were made by verifier {manifest.get('verifier', {}).get('path')}: the requested verifier "

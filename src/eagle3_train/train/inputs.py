@@ -85,9 +85,8 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(recorded_verifier, str(hm_path))
     verifier_name, verifier_dir = verifier.name, verifier.path
     # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
-    identity = verifier.identity() if recorded_verifier else None
-    check_hidden_states(hidden_manifest, prepared, identity, require_complete=False,
-                        where=f"the hidden states in {hidden}")
+    check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
+                        require_complete=False, where=f"the hidden states in {hidden}")
     if head_shapes_only:
         embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
     else:
