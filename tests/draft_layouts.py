@@ -207,7 +207,7 @@ def write_sharded(ref: Eagle3Draft, d: Path, shards: int = 3) -> Path:
 
 def write_ours(ref: Eagle3Draft, run_dir: Path, metadata: dict | None = None) -> Path:
     """One of our training runs: RUN/final/{model.safetensors, draft_config.json, training_metadata.json}."""
-    from eagle3_train.train.checkpoint import save_checkpoint
+    from eagle3_train.checkpoints.native import save_checkpoint
 
     save_checkpoint(run_dir / "final", ref, None, metadata or {"init": {"method": "random", "seed": 0}})
     return run_dir

@@ -107,7 +107,7 @@ def test_exports_carry_the_verifiers_rope_type(scaling):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from eagle3_train.export.layouts import eagle_config_json, speculators_config_json
+    from eagle3_train.checkpoints.layouts import eagle_config_json, speculators_config_json
 
     verifier = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
                 "vocab_size": 200, "num_hidden_layers": 8, "rope_theta": 500000.0, "max_position_embeddings": 512,

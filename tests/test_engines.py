@@ -59,8 +59,7 @@ def test_speculators_export_records_the_verifier_as_the_user_named_it(head, voca
 
 
 def test_speculators_export_names_a_verifier_vllm_can_load(tmp_path):
-    from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.export.exporter import servable_verifier
+    from eagle3_train.assets.verifier import resolve_verifier, servable_verifier
 
     assert servable_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     # The embedded name is ours alone: vLLM gets the converted checkpoint directory.

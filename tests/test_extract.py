@@ -16,7 +16,7 @@ from stage_helpers import assert_same_hidden_states, kill_after_first_shard
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
 from eagle3_train.hidden_states.layers import default_layer_ids, parse_layer_ids, validate_layer_ids
-from eagle3_train.hidden_states.store import HiddenStatesReader, check_compatible
+from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
 from eagle3_train.utils.io import Eagle3InputError, sha256_file
 
 VOCAB = 512
@@ -229,16 +229,16 @@ def test_reader_errors_and_handle_cache(fp32_run, tmp_path):
 
 def test_check_compatible(fp32_run, mixed_prepared, tiny_llama, tmp_path):
     out, _ = fp32_run
-    assert check_compatible(out, mixed_prepared, tiny_llama)["layer_ids"] == [0, 2, 3]
-    check_compatible(out, mixed_prepared, tiny_llama, layer_ids=[0, 2, 3], hash_weights=False)
+    assert check_hidden_states(out, mixed_prepared, tiny_llama)["layer_ids"] == [0, 2, 3]
+    check_hidden_states(out, mixed_prepared, tiny_llama, layer_ids=[0, 2, 3], hash_weights=False)
     other_data = make_prepared(tmp_path / "other", {"train": [4, 5], "validation": [3]}, seed=3)
     with pytest.raises(Eagle3InputError, match="do not belong to the prepared data"):
-        check_compatible(out, other_data, tiny_llama)
+        check_hidden_states(out, other_data, tiny_llama)
     other_model = make_tiny_llama(tmp_path / "other-model", seed=1)
     with pytest.raises(Eagle3InputError, match="were made by verifier"):
-        check_compatible(out, mixed_prepared, other_model)
+        check_hidden_states(out, mixed_prepared, other_model)
     with pytest.raises(Eagle3InputError, match="tap layers"):
-        check_compatible(out, mixed_prepared, tiny_llama, layer_ids=[1, 2, 3])
+        check_hidden_states(out, mixed_prepared, tiny_llama, layer_ids=[1, 2, 3])
 
 
 def test_reader_reports_missing_shard_file(tmp_path, tiny_llama, mixed_prepared):
@@ -333,7 +333,7 @@ def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_pr
 
     replaced = extract(mixed_prepared, other_model, out, overwrite=True, **kw)
     assert replaced["verifier"]["path"] == str(other_model.resolve())
-    check_compatible(out, mixed_prepared, other_model)
+    check_hidden_states(out, mixed_prepared, other_model)
 
 
 def test_cli_extract(tmp_path, tiny_llama, mixed_prepared, capsys):
@@ -372,7 +372,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, tiny_llama):
     finished = {out / "train" / e["file"]: (os.stat(out / "train" / e["file"]).st_ino,
                                             os.stat(out / "train" / e["file"]).st_mtime_ns) for e in index["shards"]}
     with pytest.raises(Eagle3InputError, match="incomplete"):
-        check_compatible(out, prepared, tiny_llama)
+        check_hidden_states(out, prepared, tiny_llama)
 
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
@@ -383,7 +383,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, tiny_llama):
     reference = tmp_path / "reference"
     assert cli.main(["extract", "--prepared", str(prepared), "--verifier", str(tiny_llama), "--out", str(reference),
                      *opts]) == 0
-    check_compatible(out, prepared, tiny_llama)
+    check_hidden_states(out, prepared, tiny_llama)
     for split in lengths:
         assert HiddenStatesReader(reference, split).sample_indices == list(range(len(lengths[split])))
     assert_same_hidden_states(reference, out, lengths)

@@ -18,7 +18,7 @@ from vllm_helpers import require_vllm
 
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract
-from eagle3_train.hidden_states.store import HiddenStatesReader, check_compatible
+from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
 from eagle3_train.serving.vllm_server import free_port, hidden_states_server
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -102,7 +102,7 @@ def test_outputs_are_interchangeable_for_training(hf_run, vllm_run, prepared, sm
                [{k: v for k, v in e.items() if k not in strip} for e in vi["shards"]]
         assert {k: v for k, v in hi.items() if k != "shards"} == {k: v for k, v in vi.items() if k != "shards"}
     for out in (hf_run, vllm_run):
-        check_compatible(out, prepared, smollm2_dir)
+        check_hidden_states(out, prepared, smollm2_dir)
     hs, vs = TrainingSamples(prepared, hf_run, "train"), TrainingSamples(prepared, vllm_run, "train")
     positions = list(range(min(4, len(hs))))
     bh, bv = hs.batch(positions), vs.batch(positions)

@@ -18,9 +18,9 @@ from draft_layouts import (
 )
 
 from eagle3_train import cli
+from eagle3_train.checkpoints.native import save_checkpoint
 from eagle3_train.export.exporter import export
 from eagle3_train.export.inspect import format_report, inspect_checkpoint
-from eagle3_train.train.checkpoint import save_checkpoint
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.metadata import build_metadata
 from eagle3_train.utils.io import Eagle3InputError

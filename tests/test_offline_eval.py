@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from eagle3_train.checkpoints.native import load_draft, save_checkpoint
 from eagle3_train.evaluate.offline import evaluate_offline, held_out_check
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.evaluate.report import format_table
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.checkpoint import load_draft, save_checkpoint
 from eagle3_train.utils.io import Eagle3InputError
 
 PROMPTS = [

@@ -14,7 +14,7 @@ from stage_helpers import train_config
 from vllm_helpers import require_vllm
 
 from eagle3_train.hidden_states.extract import extract
-from eagle3_train.hidden_states.store import HiddenStatesReader, check_compatible
+from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
 from eagle3_train.serving.vllm_server import hidden_states_server
 from eagle3_train.train.trainer import train
 
@@ -107,7 +107,7 @@ def test_hybrid_writes_an_ordinary_hidden_states_dir_once_and_resumes(stages, se
     assert result["skipped_samples"] == 0
     # The states are stored once, as extract stores them, and match the extracted ones.
     hidden = out / "hidden_states"
-    manifest = check_compatible(hidden, stages / "prepared", layer_ids=None)
+    manifest = check_hidden_states(hidden, stages / "prepared", layer_ids=None)
     assert manifest["status"] == "complete" and manifest["backend"] == "vllm"
     for split in ("train", "validation"):
         mine, theirs = HiddenStatesReader(hidden, split), HiddenStatesReader(stages / "hidden", split)

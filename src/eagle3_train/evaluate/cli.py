@@ -20,7 +20,7 @@ from typing import Any
 
 from eagle3_train.assets.verifier import required_verifier
 from eagle3_train.settings import OfflineEvalSettings, ServedEvalSettings
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, read_json
+from eagle3_train.utils.io import claim_output_dir, has_file
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
@@ -40,32 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         description=ServedEvalSettings.__doc__.replace("\n    ", " ")))
 
 
-def recorded_verifier(draft: str | Path) -> str | None:
-    """The verifier a draft was trained for: its training metadata, else a speculators config's verifier."""
-    from eagle3_train.export.exporter import resolve_checkpoint
-
-    path = Path(draft).expanduser()
-    try:
-        path = resolve_checkpoint(path)
-    except Eagle3InputError:
-        pass
-    meta = path / "training_metadata.json"
-    if meta.is_file():
-        from eagle3_train.assets.verifier import recorded_name
-
-        found = recorded_name(read_json(meta, "training metadata").get("verifier"))
-        if found:
-            return found
-    cfg = path / "config.json"
-    if cfg.is_file():
-        return ((read_json(cfg, "draft config").get("speculators_config") or {}).get("verifier") or {}
-                ).get("name_or_path")
-    return None
-
-
 def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from eagle3_train.checkpoints.native import recorded_verifier
     from eagle3_train.evaluate.offline import evaluate_offline
     from eagle3_train.evaluate.prompts import load_prompts
     from eagle3_train.evaluate.report import format_table, write_report

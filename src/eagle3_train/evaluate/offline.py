@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.data.chat_mask import end_of_turn_token_id, find_all, user_turn_delimiters
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import OfflineEvalSettings
-from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
+from eagle3_train.utils.io import Eagle3InputError, check_at_least
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
@@ -41,18 +42,12 @@ class GreedyMismatchError(AssertionError):
 
 
 # --- loading ----------------------------------------------------------------------------------------------------
-def _draft_metadata(path: Path) -> dict[str, Any] | None:
-    meta = path / "training_metadata.json"
-    return read_json(meta, "training metadata") if meta.is_file() else None
-
-
 def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | None = None
                         ) -> tuple[Eagle3Draft, dict[str, Any]]:
     """Load a draft for the given (loaded) verifier: one of our checkpoints or run dirs, or an export in the EAGLE
     or speculators format. The frozen embedding is copied from the verifier. Returns (draft, info)."""
-    from eagle3_train.export.exporter import resolve_checkpoint
-    from eagle3_train.model.formats import fill_default_aux_ids, load_draft_source
-    from eagle3_train.train.checkpoint import load_draft
+    from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
+    from eagle3_train.checkpoints.native import load_draft, read_metadata, resolve_checkpoint
 
     path = Path(path).expanduser()
     if not path.exists():
@@ -64,7 +59,7 @@ def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | N
         ckpt = None
     if ckpt is not None:
         draft = load_draft(ckpt)
-        info = {"path": str(ckpt), "format": "eagle3-train", "metadata": _draft_metadata(ckpt), "notes": []}
+        info = {"path": str(ckpt), "format": "eagle3-train", "metadata": read_metadata(ckpt), "notes": []}
     else:
         loaded = load_draft_source(path)
         config = fill_default_aux_ids(loaded.config, n_layers)
@@ -77,7 +72,7 @@ def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | N
             raise Eagle3InputError(f"draft {path} has no d2t tensor (the draft-to-verifier vocabulary map)")
         info = {"path": str(loaded.path), "format": loaded.format, "metadata": loaded.metadata,
                 "notes": list(loaded.notes)}
-    check_compatible(draft, verifier_model, info["path"])
+    _check_fits(draft, verifier_model, info["path"])
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(verifier_model.get_input_embeddings().weight)
     info["aux_layer_ids"] = list(draft.config.aux_layer_ids)
@@ -85,20 +80,13 @@ def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | N
     return draft, info
 
 
-def check_compatible(draft: Eagle3Draft, verifier_model, where: str = "draft") -> None:
-    """The draft must share the verifier's vocabulary and hidden size, and tap layers that exist."""
-    vc = verifier_model.config.get_text_config()
-    dc = draft.config
-    if dc.vocab_size != vc.vocab_size:
-        raise Eagle3InputError(f"{where}: the draft's vocab_size {dc.vocab_size} differs from the verifier's "
-                               f"vocab_size {vc.vocab_size}; it was trained for another verifier")
-    if dc.aux_hidden_size != vc.hidden_size:
-        raise Eagle3InputError(f"{where}: the draft reads aux hidden states of size {dc.aux_hidden_size}, the "
-                               f"verifier's hidden_size is {vc.hidden_size}")
-    bad = [i for i in dc.aux_layer_ids if not 0 <= i < vc.num_hidden_layers]
-    if bad:
-        raise Eagle3InputError(f"{where}: aux layer ids {list(dc.aux_layer_ids)} must lie in "
-                               f"0..{vc.num_hidden_layers - 1} for this {vc.num_hidden_layers}-layer verifier")
+def _check_fits(draft: Eagle3Draft, verifier_model, where: str = "draft") -> None:
+    """`checkpoints.fit.check_draft_fits_verifier` for a built draft and a loaded verifier."""
+    from eagle3_train.checkpoints.fit import check_draft_fits_verifier
+
+    check_draft_fits_verifier(draft.config, verifier_model.config.to_dict(), where,
+                              verifier_name=str(getattr(verifier_model.config, "_name_or_path", "") or "the verifier"),
+                              tensors=draft.state_dict())
 
 
 # --- the verifier with aux taps ---------------------------------------------------------------------------------
@@ -410,12 +398,10 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
 
 
 # --- the evaluation ---------------------------------------------------------------------------------------------
-def load_verifier(verifier: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_verifier(verifier: str | Path | Verifier, device: str = "cpu", dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3_train.assets.verifier import resolve_verifier
-
-    vdir = resolve_verifier(verifier)
+    vdir = as_verifier(verifier).path
     tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(vdir, dtype=dtype, trust_remote_code=False).to(device).eval()
     return vdir, tokenizer, model
@@ -449,7 +435,7 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
 
             tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
     if isinstance(draft, Eagle3Draft):
-        check_compatible(draft, verifier_model)
+        _check_fits(draft, verifier_model)
         draft_info: dict[str, Any] = {"path": None, "format": "module", "metadata": None, "notes": []}
     else:
         draft, draft_info = load_draft_for_eval(draft, verifier_model, vdir)

@@ -210,7 +210,7 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
             if not ok:
                 raise Eagle3InputError(msg)
             from eagle3_train.assets.verifier import required_verifier
-            from eagle3_train.evaluate.cli import recorded_verifier
+            from eagle3_train.checkpoints.native import recorded_verifier
 
             verifier = resolve_verifier(required_verifier(s.verifier, recorded_verifier(s.draft),
                                                           f"the draft {s.draft}"))

@@ -17,17 +17,18 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from eagle3_train.export.engines import ENGINES, check_target, engine_support
-from eagle3_train.export.layouts import (
+from eagle3_train.assets.verifier import Verifier, as_verifier, servable_verifier
+from eagle3_train.checkpoints.formats import load_draft_source
+from eagle3_train.checkpoints.layouts import (
     eagle_config_json,
     expected_shapes,
     export_key,
     speculators_config_json,
 )
+from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_metadata, resolve_checkpoint
+from eagle3_train.export.engines import ENGINES, check_target, engine_support
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.formats import load_draft_source
 from eagle3_train.settings import ExportFormat, ExportSettings
-from eagle3_train.train.checkpoint import METADATA, WEIGHTS, load_draft
 from eagle3_train.utils.io import Eagle3InputError, atomic_dir, claim_output_dir, read_json, sha256_file, write_json
 from eagle3_train.utils.provenance import now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -36,19 +37,6 @@ log = logging.getLogger(__name__)
 FORMATS = typing.get_args(ExportFormat)
 DEFAULT_SPECULATIVE_TOKENS = ExportSettings.speculative_tokens  # k of exports; training ranks checkpoints/best at it
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a run directory (uses final/ or the latest checkpoint) or a checkpoint directory."""
-    p = Path(path)
-    if (p / "draft_config.json").is_file():
-        return p
-    if (p / "final" / "draft_config.json").is_file():
-        return p / "final"
-    pointer = p / "checkpoints" / "latest.json"
-    if pointer.is_file():
-        return p / "checkpoints" / read_json(pointer)["dir"]
-    raise Eagle3InputError(f"{p} is neither an eagle3-train checkpoint nor a training run directory")
 
 
 def validate_tensors(model: Eagle3Draft, tensors: dict[str, torch.Tensor]) -> None:
@@ -118,10 +106,11 @@ _D = ExportSettings  # keyword defaults below are the settings dataclass's
 
 
 def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dtype: str = _D.dtype,
-           speculative_tokens: int = _D.speculative_tokens, verifier: str | None = _D.verifier,
+           speculative_tokens: int = _D.speculative_tokens, verifier: str | Verifier | None = _D.verifier,
            include_embed: bool = _D.include_embed, overwrite: bool = _D.overwrite,
            engine: str | None = _D.engine) -> dict[str, Any]:
-    """`engine`: one that must serve the draft as trained (vllm, sglang), else nothing is written."""
+    """`engine`: one that must serve the draft as trained (vllm, sglang), else nothing is written. `verifier`: as
+    the user named it (default: the one the checkpoint records); the speculators config records that name."""
     if fmt not in FORMATS:
         raise Eagle3InputError(f"--format must be one of {FORMATS}, got '{fmt}'")
     if engine is not None and engine not in ENGINES:
@@ -137,22 +126,22 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         _check_replace(out, source)
     model = load_draft(ckpt_dir)
     cfg = model.config
-    metadata = read_json(ckpt_dir / METADATA, "training metadata") if (ckpt_dir / METADATA).is_file() else {}
-    # What the user named (hub id, embedded name, path) before the machine-local directory it resolved to.
+    metadata = read_metadata(ckpt_dir) or {}
+    # What the user named (hub id, embedded name, path), never the machine-local directory it resolved to.
     recorded = metadata.get("verifier") or {}
-    verifier_path = verifier or cfg.verifier.get("name_or_path") or recorded.get("name") or recorded.get("path")
+    verifier_name = (verifier.name if isinstance(verifier, Verifier) else verifier) or \
+        cfg.verifier.get("name_or_path") or recorded.get("name") or recorded.get("path")
     tensors = {k: v for k, v in model.trainable_state_dict().items()}
     validate_tensors(model, tensors)
     torch_dtype = DTYPES[dtype]
     out_tensors = {export_key(k, fmt): (v.to(torch_dtype) if v.is_floating_point() else v).contiguous()
                    for k, v in tensors.items()}
     if include_embed:
-        if not verifier_path:
+        if not verifier_name:
             raise Eagle3InputError("--include-embed needs the verifier (none recorded; pass --verifier)")
-        from eagle3_train.assets.verifier import resolve_verifier
         from eagle3_train.model.verifier_head import load_verifier_head
 
-        embed, _, _ = load_verifier_head(resolve_verifier(verifier_path))
+        embed, _, _ = load_verifier_head(as_verifier(verifier or verifier_name).path)
         out_tensors["embed_tokens.weight"] = embed.to(torch_dtype).contiguous()
         with torch.no_grad():
             model.embed_tokens.weight.copy_(embed)
@@ -165,9 +154,9 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     if fmt == "eagle":
         config = eagle_config_json(cfg, dtype)
     else:
-        if not verifier_path:
+        if not verifier_name:
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
-        config = speculators_config_json(cfg, dtype, speculative_tokens, servable_verifier(verifier_path))
+        config = speculators_config_json(cfg, dtype, speculative_tokens, servable_verifier(verifier_name))
     with atomic_dir(out, is_export_dir, "export directory") as tmp:
         save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -176,18 +165,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
                   "weights_sha256": sha256_file(tmp / "model.safetensors"), "engines": engines}
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
-    return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_path, speculative_tokens)}
-
-
-def servable_verifier(name: str | Path) -> str:
-    """What `vllm serve DRAFT` can load for the verifier: a hub id as the user gave it, a local path made absolute,
-    and an embedded name (which only this tool knows) as the directory it was converted to."""
-    from eagle3_train.assets.verifier import EMBEDDED, resolve_verifier
-
-    if str(name) in EMBEDDED:
-        return str(resolve_verifier(str(name)))
-    p = Path(name).expanduser()
-    return str(p.resolve()) if p.exists() else str(name)
+    return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_name, speculative_tokens)}
 
 
 def is_export_dir(path: Path) -> bool:

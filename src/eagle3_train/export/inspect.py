@@ -1,6 +1,6 @@
 """`eagle3-train inspect PATH`: what a draft checkpoint is and where it came from.
 
-PATH: one of our checkpoints or run directories, an export, or an external draft in any layout `model/formats.py`
+PATH: one of our checkpoints or run directories, an export, or an external draft in any layout `checkpoints/formats.py`
 reads. Prints the format, architecture and wiring flags, vocabulary, aux layers, dtypes, every tensor's shape, and the
 lineage read from `training_metadata.json` (each finetune's `init.source_metadata`, back to a random start or an
 external draft). Only tensor headers are read from safetensors files, so large drafts are inspected quickly.
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from eagle3_train.checkpoints.formats import load_draft_source, source_summary
 from eagle3_train.export.engines import engine_support, format_support
-from eagle3_train.model.formats import load_draft_source, source_summary
 from eagle3_train.utils.io import sha256_file
 
 MAX_DEPTH = 100  # a lineage longer than this is a cycle in hand-edited metadata

@@ -35,14 +35,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import (
-    from_pretrained,
-    recorded_name,
-    required_verifier,
-    resolve_verifier,
-    same_verifier,
-    verifier_identity,
-)
+from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained, same_verifier
+from eagle3_train.data.prepare import check_prepared_tokenizer
 from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
@@ -188,19 +182,6 @@ def load_prepared(prepared_dir: str | Path, splits: Sequence[str]):
     return ds
 
 
-def check_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
-    """Refuse prepared data tokenized with another tokenizer than the verifier's (its token ids mean other text)."""
-    manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
-    tok = manifest.get("tokenizer") or {}
-    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
-    if not recorded or not tokenizer_json.is_file():
-        return
-    now = sha256_file(tokenizer_json)
-    if now != recorded:
-        raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
-                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
-                               f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
-                               f"prepared for")
 
 
 def run_batch(base, capture: AuxCapture, seqs: Sequence[Sequence[int]], pad_id: int, device: str, store_dtype):
@@ -323,7 +304,7 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
 
 
-def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str | Path,
+def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, out_dir: str | Path,
             layer_ids: Sequence[int] | str | None = _D.layer_ids, dtype: str = _D.dtype, device: str | None = _D.device,
             token_budget: int = _D.token_budget, shard_tokens: int | None = _D.shard_tokens,
             splits: Sequence[str] | None = None, max_samples: int | None = _D.max_samples,
@@ -361,7 +342,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     plans = {split: _plan_split(ds[split], split, max_samples, shard_tokens, text_config) for split in splits}
     settings = {
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
-        "verifier": {"name": str(verifier), **verifier_identity(verifier_path, hash_weights=hash_weights)},
+        "verifier": verifier.identity(hash_weights),
         "backend": backend,
         "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
@@ -408,25 +389,28 @@ def extract(prepared_dir: str | Path, verifier: str | Path | None, out_dir: str 
     return manifest
 
 
-def _open_verifier(prepared_dir: Path, verifier: str | Path | None, trust_remote_code: bool, backend: str = "hf"):
-    """(verifier as named, its local directory, its text config); None: the verifier the data was prepared with."""
+def _open_verifier(prepared_dir: Path, verifier: str | Path | Verifier | None, trust_remote_code: bool,
+                   backend: str = "hf") -> tuple[Verifier, Path, Any]:
+    """(the Verifier, its local directory, its text config); None: the verifier the data was prepared with."""
     from transformers import AutoConfig
 
     if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
-        recorded = (read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier") or {})
-        verifier = required_verifier(None, recorded_name(recorded), f"the prepared data {prepared_dir}")
+        recorded = read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier")
+        verifier = Verifier.from_record(recorded, f"the prepared data {prepared_dir}",
+                                        need="tokenizer" if backend == "vllm" else "weights")
     if backend == "vllm":  # the servers run the weights: here config, tokenizer and the final norm only
         from eagle3_train.hidden_states.vllm_backend import resolve_served_verifier
 
-        verifier_path = resolve_served_verifier(verifier)
-    else:
-        verifier_path = resolve_verifier(verifier)
-    check_tokenizer(prepared_dir, verifier_path)
-    config = from_pretrained(AutoConfig, verifier_path, trust_remote_code)
-    return verifier, verifier_path, config.get_text_config() if hasattr(config, "get_text_config") else config
+        name = verifier.name if isinstance(verifier, Verifier) else str(verifier)
+        path = resolve_served_verifier(name)
+        verifier = Verifier(name, path, read_json(path / "config.json", "verifier config"))
+    verifier = as_verifier(verifier)
+    check_prepared_tokenizer(prepared_dir, verifier.path)
+    config = from_pretrained(AutoConfig, verifier.path, trust_remote_code)
+    return verifier, verifier.path, config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[str], *, verifier: str | Path,
+def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[str], *, verifier: Verifier,
                   prepared_dir: Path, aux_width: int, bytes_per_token: int, token_budget: int, device: str,
                   trust_remote_code: bool, estimated_bytes: int) -> dict:
     """The in-progress manifest written before the first shard (what a resume keeps of the old one included)."""
@@ -435,7 +419,7 @@ def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[st
     manifest = {
         "stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "in_progress",
         **settings,
-        "verifier_name": str(verifier), "prepared_dir": str(prepared_dir.resolve()),
+        "verifier_name": verifier.name, "prepared_dir": str(prepared_dir.resolve()),
         "aux_width": aux_width, "bytes_per_token": bytes_per_token, "splits": {},
         "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
         "estimated_bytes": estimated_bytes,

@@ -1,7 +1,8 @@
 """Read stored hidden states (the output of the extract stage) and check they belong to a dataset and verifier.
 
 Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
-`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_compatible(hidden, prepared_dir, verifier)`;
+`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_hidden_states(hidden, prepared_dir, verifier)`
+(the one check of the hidden-states contract: made from this prepared data by this verifier, at these layers);
 `reextract_command(manifest, hidden_dir, split)`. fp8 shards (extract --store-dtype float8_e4m3) are decoded to
 bfloat16 on load (`_rows`).
 
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, resolve_verifier, same_verifier, verifier_identity
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 EXPECTED_FORMAT = "eagle3-train-hidden-states"
@@ -35,33 +36,39 @@ def read_manifest(hidden_dir: str | Path) -> dict:
     return manifest
 
 
-def check_compatible(hidden: str | Path | dict, prepared_dir: str | Path, verifier: str | Path | dict | None = None,
-                     layer_ids: Sequence[int] | None = None, require_complete: bool = True,
-                     hash_weights: bool = True) -> dict:
+def check_hidden_states(hidden: str | Path | dict, prepared_dir: str | Path,
+                        verifier: str | Path | Verifier | dict | None = None,
+                        layer_ids: Sequence[int] | None = None, require_complete: bool = True,
+                        hash_weights: bool = True, where: str | None = None) -> dict:
     """Raise Eagle3InputError unless the hidden states were extracted from `prepared_dir` with `verifier`.
 
-    `hidden` is the extract output dir or its manifest; `verifier` a name/dir or a `verifier_identity` dict (None:
+    `hidden` is the extract output dir or its manifest; `verifier` a name/dir, a Verifier or an identity dict (None:
     skip that check). `hash_weights=False` compares weight-file sizes only (fast for large verifiers).
     Returns the manifest.
     """
     manifest = hidden if isinstance(hidden, dict) else read_manifest(hidden)
-    where = "the hidden states" if isinstance(hidden, dict) else f"the hidden states in {hidden}"
+    where = where or ("the hidden states" if isinstance(hidden, dict) else f"the hidden states in {hidden}")
     prepared_manifest = Path(prepared_dir) / "manifest.json"
     if not prepared_manifest.is_file():
         raise Eagle3InputError(f"prepared data manifest not found: {prepared_manifest}")
     sha = sha256_file(prepared_manifest)
     if manifest.get("prepared_manifest_sha256") != sha:
         raise Eagle3InputError(
-            f"{where} do not belong to the prepared data in {prepared_dir}: they were extracted from "
-            f"{manifest.get('prepared_dir')} (manifest sha256 {str(manifest.get('prepared_manifest_sha256'))[:12]}), "
+            f"{where} do not belong to the prepared data in {prepared_dir}: they were extracted from other data "
+            f"({manifest.get('prepared_dir')}, manifest sha256 {str(manifest.get('prepared_manifest_sha256'))[:12]}), "
             f"this data's manifest has sha256 {sha[:12]}; rerun `eagle3-train extract` on this data")
     if verifier is not None:
-        ident = verifier if isinstance(verifier, dict) else verifier_identity(resolve_verifier(verifier),
-                                                                              hash_weights=hash_weights)
+        if isinstance(verifier, dict):
+            ident = verifier
+        elif isinstance(verifier, Verifier):
+            ident = verifier.identity(hash_weights)
+        else:
+            ident = verifier_identity(resolve_verifier(verifier), hash_weights=hash_weights)
         if not same_verifier(manifest.get("verifier", {}), ident):
             raise Eagle3InputError(
-                f"{where} were made by verifier {manifest.get('verifier', {}).get('path')} but the requested verifier "
-                f"is {ident.get('path')} (config or weights differ); extract again with this verifier")
+                f"{where} were made by verifier {manifest.get('verifier', {}).get('path')}: the requested verifier "
+                f"{ident.get('path')} is not the one the hidden states were extracted with (config or weights "
+                f"differ); extract again with this verifier")
     if layer_ids is not None and list(layer_ids) != list(manifest.get("layer_ids", [])):
         raise Eagle3InputError(f"{where} tap layers {manifest.get('layer_ids')}, but layers {list(layer_ids)} "
                                f"were requested")

@@ -379,7 +379,7 @@ def main(args: argparse.Namespace) -> int:
         model, spec = s.draft, None
     else:
         from eagle3_train.assets.verifier import required_verifier, resolve_verifier
-        from eagle3_train.evaluate.cli import recorded_verifier
+        from eagle3_train.checkpoints.native import recorded_verifier
 
         recorded = recorded_verifier(s.draft) if s.draft else None
         model = str(resolve_verifier(required_verifier(s.verifier, recorded, f"the draft {s.draft}" if s.draft

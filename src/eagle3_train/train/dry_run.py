@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
+from eagle3_train.checkpoints.layouts import eagle_config_json, expected_shapes, export_key, speculators_config_json
 from eagle3_train.export.engines import engine_support, format_support
-from eagle3_train.export.layouts import eagle_config_json, expected_shapes, export_key, speculators_config_json
 from eagle3_train.model.config import default_aux_layer_ids
-from eagle3_train.model.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples

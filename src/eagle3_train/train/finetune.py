@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from eagle3_train.model.formats import (
+from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
+from eagle3_train.checkpoints.formats import (
     AUX_DEFAULT,
     AUX_NESTED,
     AUX_OURS,
@@ -71,43 +72,9 @@ class FinetuneSource:
     aux_layers: dict[str, Any] = field(default_factory=dict)  # where the features came from vs. the run's layers
 
 
-def _verifier_dims(inputs) -> tuple[int, int, int]:
-    c = inputs.verifier_config.get("text_config", inputs.verifier_config)
-    return int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
-
-
 def _warn(notes: list[str], msg: str) -> None:
     log.warning("finetune: %s", msg)
     notes.append(msg)
-
-
-def _check_verifier_fit(loaded: LoadedDraft, inputs, H: int, V: int) -> None:
-    """Hidden size and vocabulary: a draft made for another verifier stops here, with the tensor that shows it."""
-    where, name = f"finetune source {loaded.path}", inputs.verifier_name
-    other = "A draft only works with the verifier whose hidden states and vocabulary it was trained on."
-    fc = loaded.tensors.get("fc.weight")
-    if fc is not None and tuple(fc.shape) != (H, 3 * H):
-        raise Eagle3InputError(
-            f"{where}: tensor '{loaded.source_name('fc.weight')}' has shape {list(fc.shape)}, but the draft for "
-            f"verifier {name} needs {[H, 3 * H]}: the source was made for a verifier with hidden size "
-            f"{fc.shape[1] // 3} (draft hidden size {fc.shape[0]}), and {name} has hidden size {H}. {other}")
-    if fc is None and loaded.config.hidden_size != H:
-        raise Eagle3InputError(f"{where}: its config has hidden_size {loaded.config.hidden_size}, but verifier {name} "
-                               f"has hidden size {H}: the source was made for another verifier. {other}")
-    t2d = loaded.tensors.get("t2d")
-    if t2d is not None and tuple(t2d.shape) != (V,):
-        raise Eagle3InputError(
-            f"{where}: tensor '{loaded.source_name('t2d')}' has shape {list(t2d.shape)}, but verifier {name} has a "
-            f"vocabulary of {V} tokens (shape {[V]}): the source was made for a verifier with another tokenizer. "
-            f"{other}")
-    embed = loaded.extra.get("embed_tokens.weight")
-    if embed is not None and tuple(embed.shape) != (V, H):
-        raise Eagle3InputError(
-            f"{where}: tensor '{loaded.source_name('embed_tokens.weight')}' has shape {list(embed.shape)}, but "
-            f"verifier {name}'s embedding is {[V, H]}: the source was made for another verifier. {other}")
-    if loaded.config.vocab_size != V:
-        raise Eagle3InputError(f"{where}: its config has vocab_size {loaded.config.vocab_size}, but verifier {name} "
-                               f"has {V} tokens: the source was made for a verifier with another tokenizer. {other}")
 
 
 def _layers(ids) -> str:
@@ -202,9 +169,13 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
     loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
     summary = source_summary(loaded)
-    H, V, L = _verifier_dims(inputs)
+    H, V, L = verifier_dims(inputs.verifier_config)
     fill_default_aux_ids(loaded.config, L)
-    _check_verifier_fit(loaded, inputs, H, V)
+    # Hidden size and vocabulary: a draft made for another verifier stops here, with the tensor that shows it (its
+    # layers are checked against the run's below, where --allow-aux-layer-mismatch may accept them).
+    check_draft_fits_verifier(loaded.config, inputs.verifier_config, f"finetune source {loaded.path}",
+                              inputs.verifier_name, {**loaded.tensors, **loaded.extra}, loaded.source_name,
+                              draft_hidden=H, check_layers=False)
     notes: list[str] = []
     for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
         _warn(notes, n)

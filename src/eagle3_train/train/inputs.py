@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from eagle3_train.assets.verifier import resolve_verifier, same_verifier, verifier_identity
+from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.hidden_states.layers import check_layer_order
+from eagle3_train.hidden_states.store import check_hidden_states
 from eagle3_train.model.verifier_head import (
     LogitTransform,
     load_verifier_head,
@@ -58,7 +59,7 @@ def vocab_file(path: str | Path) -> Path:
 
 def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
-    from eagle3_train.vocab.build import load_vocab
+    from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
     needed = ("prepared", "hidden_states", "vocab") if cfg.hidden_states_mode == "offline" else ("prepared", "vocab")
     for name in needed:
@@ -71,37 +72,26 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
 
     mode = getattr(cfg, "hidden_states_mode", "offline")
     if mode != "offline":
-        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, load_vocab)
+        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha)
     hidden = Path(cfg.hidden_states)
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
-    recorded = hidden_manifest.get("prepared_manifest_sha256")
-    if recorded != prepared_sha:
-        raise Eagle3InputError(
-            f"hidden states in {hidden} were extracted from other data: their manifest records prepared manifest "
-            f"sha256 {recorded}, but {pm_path} has {prepared_sha}. Re-run `eagle3-train extract` on {prepared}.")
 
     vpath = vocab_file(cfg.vocab)
     d2t, t2d = load_vocab(vpath)
 
     recorded_verifier = hidden_manifest.get("verifier", {})
-    verifier_name = cfg.verifier or recorded_verifier.get("name") or recorded_verifier.get("path")
-    if not verifier_name:
-        raise Eagle3InputError(f"{hm_path} records no verifier; pass --verifier")
-    verifier_dir = resolve_verifier(verifier_name)
-    identity = verifier_identity(verifier_dir, hash_weights=False)
-    if recorded_verifier and not same_verifier(identity, _without_hashes(recorded_verifier)):
-        raise Eagle3InputError(
-            f"verifier {verifier_dir} is not the one the hidden states in {hidden} were extracted with "
-            f"({recorded_verifier.get('path')}): config or weight files differ")
+    # The name stays what the user gave (a hub id, not this machine's cache): the draft and its exports record it.
+    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(recorded_verifier, str(hm_path))
+    verifier_name, verifier_dir = verifier.name, verifier.path
+    # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
+    check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
+                        require_complete=False, where=f"the hidden states in {hidden}")
     if head_shapes_only:
         embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
     else:
         embed, lm_head, vcfg = load_verifier_head(verifier_dir)
-    V = vcfg.get("text_config", vcfg)["vocab_size"]
-    if t2d.shape[0] != V:
-        raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
-                               f"vocab_size is {V}")
+    check_vocab_fits(t2d, vcfg.get("text_config", vcfg)["vocab_size"], vpath)
     fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
     layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
                                   f"Extract again: `eagle3-train extract --layer-ids {fixed} --overwrite ...`")
@@ -111,34 +101,25 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
                      logit_transform(verifier_dir, read_bias=not head_shapes_only))
 
 
-def _without_hashes(identity: dict[str, Any]) -> dict[str, Any]:
-    """Compare by sizes when the recorded identity has hashes but we only computed sizes (hashing is slow)."""
-    weights = {k: {"bytes": v["bytes"]} for k, v in identity.get("weights", {}).items()}
-    return {**identity, "weights": weights}
-
-
-def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str, load_vocab) -> RunInputs:
+def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str) -> RunInputs:
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
-    from eagle3_train.assets.verifier import recorded_name, required_verifier
     from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+    from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
     if not cfg.endpoint:
         raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
                                f"started with `eagle3-train serve --extract-hidden-states`)")
-    verifier_name = required_verifier(cfg.verifier, recorded_name(prepared_manifest.get("verifier")),
-                                      f"the prepared data {prepared}")
-    verifier_dir = resolve_verifier(verifier_name)
-    identity = {"name": str(verifier_name), **verifier_identity(verifier_dir, hash_weights=False)}
+    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
+        prepared_manifest.get("verifier"), f"the prepared data {prepared}")
+    verifier_name, verifier_dir, identity = verifier.name, verifier.path, verifier.identity()
     embed, lm_head, vcfg = load_verifier_head(verifier_dir)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                f"verifier {verifier_name}")
     vpath = vocab_file(cfg.vocab)
     d2t, t2d = load_vocab(vpath)
-    if t2d.shape[0] != text["vocab_size"]:
-        raise Eagle3InputError(f"vocab {vpath}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
-                               f"vocab_size is {text['vocab_size']}")
+    check_vocab_fits(t2d, text["vocab_size"], vpath)
     hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
         else Path("")
     manifest = {"layer_ids": list(layer_ids), "dtype": cfg.hidden_states_dtype, "mode": cfg.hidden_states_mode}

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train import checkpoint as ckpt
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples, open_samples

@@ -200,6 +200,13 @@ def load_vocab(path: str | Path):
     return d2t, t2d
 
 
+def check_vocab_fits(t2d, vocab_size: int, path: str | Path) -> None:
+    """The vocabulary-vs-verifier contract: t2d covers exactly the verifier's vocabulary."""
+    if t2d.shape[0] != vocab_size:
+        raise Eagle3InputError(f"vocab {path}: t2d covers {t2d.shape[0]} target tokens but the verifier's "
+                               f"vocab_size is {vocab_size}")
+
+
 def format_coverage(manifest: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "     -" if x is None else f"{100 * x:6.2f}%"

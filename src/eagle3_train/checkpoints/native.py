@@ -1,4 +1,14 @@
-"""Atomic training checkpoints: weights (safetensors), draft config, full training state, metadata."""
+"""Our own checkpoints and training run directories: how `train` stores a draft and how every stage finds it.
+
+A checkpoint directory holds `model.safetensors` (trainable weights, float32), `draft_config.json`,
+`training_metadata.json` and, for resumable ones, `training_state.pt`. A run directory holds `final/`,
+`checkpoints/step-N/`, `checkpoints/best/` and the pointer `checkpoints/latest.json`.
+
+Python API: `save_checkpoint(dir, model, state, metadata)`, `load_draft(dir, embed=None) -> Eagle3Draft`,
+`resolve_checkpoint(path) -> Path` (a run directory or checkpoint -> the checkpoint: export, evaluate, serve and
+finetune all go through it), `read_metadata(dir)`, `recorded_verifier(draft) -> str | None`,
+`latest_checkpoint(run_dir)`, `mark_latest`, `prune`.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +31,8 @@ WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
 STATE = "training_state.pt"
 METADATA = "training_metadata.json"
+FINAL = "final"  # a finished run's last weights, inside the run directory
+LATEST = "latest.json"  # checkpoints/latest.json: {"dir": NAME} of the newest resumable checkpoint
 
 
 def rng_state() -> dict[str, Any]:
@@ -95,16 +107,78 @@ def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagl
     return model
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    pointer = out_dir / "checkpoints" / "latest.json"
+def is_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A training run directory: it has a final checkpoint or a latest-checkpoint pointer."""
+    p = Path(path)
+    return is_checkpoint(p / FINAL) or (p / "checkpoints" / LATEST).is_file()
+
+
+def _latest_pointer(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / LATEST
     if not pointer.is_file():
         return None
-    d = out_dir / "checkpoints" / read_json(pointer, "latest checkpoint pointer")["dir"]
-    return d if d.is_dir() else None
+    return run_dir / "checkpoints" / str(read_json(pointer, "latest checkpoint pointer").get("dir"))
 
 
-def mark_latest(out_dir: Path, directory: Path) -> None:
-    write_json(out_dir / "checkpoints" / "latest.json", {"dir": directory.name})
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest resumable checkpoint of a run (None when it has none yet)."""
+    d = _latest_pointer(Path(run_dir))
+    return d if d is not None and d.is_dir() else None
+
+
+def mark_latest(run_dir: Path, directory: Path) -> None:
+    write_json(run_dir / "checkpoints" / LATEST, {"dir": directory.name})
+
+
+def resolve_checkpoint(path: str | Path, notes: list[str] | None = None) -> Path:
+    """The checkpoint a path denotes: a checkpoint directory itself, or a training run's `final/` (else its latest
+    checkpoint, noted in `notes`). Eagle3InputError when the path is neither."""
+    p = Path(path).expanduser()
+    if is_checkpoint(p):
+        return p
+    if is_checkpoint(p / FINAL):
+        if notes is not None:
+            notes.append(f"{p} is a training run: using its final checkpoint")
+        return p / FINAL
+    latest = _latest_pointer(p) if p.is_dir() else None
+    if latest is not None:
+        if not is_checkpoint(latest):
+            raise Eagle3InputError(f"{p / 'checkpoints' / LATEST} points to {latest}, which is not a checkpoint "
+                                   f"(needs {CONFIG})")
+        if notes is not None:
+            notes.append(f"{p} is an unfinished training run: using its latest checkpoint {latest.name}")
+        return latest
+    raise Eagle3InputError(f"{p} is neither an eagle3-train checkpoint nor a training run directory")
+
+
+def read_metadata(directory: str | Path) -> dict[str, Any] | None:
+    """A checkpoint's (or export's) training_metadata.json; None when it has none."""
+    meta = Path(directory) / METADATA
+    return read_json(meta, "training metadata") if meta.is_file() else None
+
+
+def recorded_verifier(draft: str | Path) -> str | None:
+    """The verifier a draft was trained for: its training metadata (the local directory when it still exists here,
+    else the name the user gave), else a speculators config's verifier."""
+    from eagle3_train.assets.verifier import recorded_name
+
+    path = Path(draft).expanduser()
+    try:
+        path = resolve_checkpoint(path)
+    except Eagle3InputError:
+        pass  # an export or a published draft: its own training_metadata.json or config.json
+    found = recorded_name((read_metadata(path) or {}).get("verifier"))
+    if found:
+        return found
+    cfg = path / "config.json"
+    if cfg.is_file():
+        return ((read_json(cfg, "draft config").get("speculators_config") or {}).get("verifier") or {}
+                ).get("name_or_path")
+    return None
 
 
 def prune(out_dir: Path, keep_last: int) -> None:

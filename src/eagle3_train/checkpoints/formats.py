@@ -3,8 +3,8 @@
 Layouts: ours (`draft_config.json`), EAGLE/SpecForge/SGLang (`midlayer.*`, Llama config with `draft_vocab_size`),
 speculators (`layers.N.*` + `speculators_config`). Weights: `model.safetensors`, a sharded
 `model.safetensors.index.json`, `pytorch_model.bin`, or a single `.safetensors` file with a `config.json` beside it.
-A training run directory resolves to its `final/` checkpoint (else the latest one); a `owner/name` that is not a local
-path is downloaded from the hub where the network allows.
+A training run directory resolves to its `final/` checkpoint (else the latest one; `native.resolve_checkpoint`); a
+`owner/name` that is not a local path is downloaded from the hub where the network allows.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from eagle3_train.checkpoints.native import is_run_dir, resolve_checkpoint
 from eagle3_train.model.config import DraftConfig, default_aux_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
@@ -266,15 +267,8 @@ def resolve_source_path(source: str | Path, notes: list[str] | None = None) -> P
         raise Eagle3InputError(f"draft checkpoint not found: {source}")
     if path.is_file() and path.name.endswith(".index.json"):
         return path.parent
-    if path.is_dir() and not (path / "config.json").is_file() and not (path / "draft_config.json").is_file():
-        if (path / "final" / "draft_config.json").is_file():
-            notes.append(f"{path} is a training run: using its final checkpoint")
-            return path / "final"
-        pointer = path / "checkpoints" / "latest.json"
-        if pointer.is_file():
-            d = path / "checkpoints" / read_json(pointer, "latest checkpoint pointer")["dir"]
-            notes.append(f"{path} is an unfinished training run: using its latest checkpoint {d.name}")
-            return d
+    if path.is_dir() and not (path / "config.json").is_file() and is_run_dir(path):
+        return resolve_checkpoint(path, notes)
     return path
 
 
