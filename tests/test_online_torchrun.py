@@ -157,7 +157,7 @@ def test_online_under_torchrun_gives_the_single_process_curve_and_counts_skips_o
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_hybrid_under_torchrun_writes_one_valid_store_and_resumes(stages, server, extracted, tmp_path):
-    from eagle3_train.hidden_states.store import HiddenStatesReader, check_compatible
+    from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
 
     # 256-token batches: 2 steps per epoch, so the stop falls inside the first epoch.
     reference = train(train_config(stages, tmp_path / "offline", hidden_states=str(extracted), epochs=2,
@@ -180,7 +180,7 @@ def test_hybrid_under_torchrun_writes_one_valid_store_and_resumes(stages, server
     assert meta["data"]["hidden_states_source"]["skipped_samples"] == 0
     # One complete store, as extract writes it: each sample once, every file listed, no file left over.
     hidden = out / "hidden_states"
-    manifest = check_compatible(hidden, stages / "prepared", layer_ids=None)
+    manifest = check_hidden_states(hidden, stages / "prepared", layer_ids=None)
     assert manifest["status"] == "complete" and manifest["backend"] == "vllm"
     for split in ("train", "validation"):
         index = json.loads((hidden / split / "index.json").read_text())
