@@ -97,3 +97,27 @@ def test_a_logit_transform_we_cannot_reproduce_is_refused(tiny_llama_dir, tmp_pa
     (out / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 30.0}))
     with pytest.raises(Eagle3InputError, match=r"odd-llama.*'llama'.*final_logit_softcapping=30\.0"):
         logit_transform(out)
+
+
+def test_a_bf16_lm_head_keeps_float32_soft_targets():
+    """Under bf16 training the trainer keeps the lm_head in bf16: only the full-vocab pass (in-vocab flag, mass
+    metric) runs in bf16; the distribution over the draft vocab is the float32 one of the same weights."""
+    from eagle3_train.train.targets import verifier_targets
+
+    g = torch.Generator().manual_seed(0)
+    V, Vd, H = 512, 64, 32
+    lm_head = torch.randn(V, H, generator=g).bfloat16()
+    final = torch.randn(2, 9, H, generator=g) * 3
+    mask = torch.ones(2, 9, dtype=torch.long)
+    draft_ids = torch.randperm(V, generator=g)[:Vd].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_ids] = True
+    half = verifier_targets(final, mask, lm_head, draft_ids, t2d)
+    full = verifier_targets(final, mask, lm_head.float(), draft_ids, t2d)
+    assert half.probs.dtype == torch.float32 and torch.equal(half.probs, full.probs)
+    assert torch.equal(half.argmax, full.argmax)
+    # the mass metric moves only by the bf16 rounding of the full logits (relative 2^-9 each: lse within 2^-8 of max)
+    max_logit = (final.reshape(-1, H) @ lm_head.float().T).abs().max()
+    assert (half.in_mass <= 1).all()
+    assert ((half.in_mass.log() - full.in_mass.log()).abs() <= max_logit * 2 ** -7).all()
+    assert (half.in_vocab == full.in_vocab).float().mean() > 0.9  # bf16 may flip near-ties only

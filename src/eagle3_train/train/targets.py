@@ -3,8 +3,11 @@
 Only positions whose next token is supervised are computed. Positions whose verifier argmax lies outside the draft
 vocabulary are flagged: the draft cannot propose that token, so they are excluded from the loss (as in EAGLE-3 and
 SpecForge) and count as misses in the accuracy metrics (unlike speculators, whose metrics are optimistic there).
-The verifier's own logit transforms (softcapping, logit scale, lm_head bias) are applied, and everything is computed
-in float32 even under bf16 autocast: the soft targets are the verifier's distribution, not a rounding of it.
+The verifier's own logit transforms (softcapping, logit scale, lm_head bias) are applied, and the soft targets (the
+distribution over the draft vocab) are computed in float32 even under bf16 autocast: they are the verifier's
+distribution, not a rounding of it. The full-vocabulary pass, which only finds whether the argmax lies in the draft
+vocab and the mass the draft vocab holds (a metric), runs in the dtype the trainer keeps the lm_head in (bf16 under
+bf16 training: it is the largest matmul of a step, ~6x the draft's lm_head at a 49K/8K vocabulary).
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torc
     """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row; `transform`: what
     the verifier does to `final @ lm_head.T` (see `model.verifier_head.logit_transform`).
 
-    Computed in float32 (autocast off). Full-vocabulary logits exist only for one chunk of rows at a time (at most
-    `max_elements` values: 256 MB in fp32, e.g. 409 rows of Kimi's 163840 tokens), only to find the argmax; what is
-    kept is over the draft vocab."""
+    Autocast off: the draft-vocab distribution in float32, the full-vocab pass in lm_head's dtype (then float32).
+    Full-vocabulary logits exist only for one chunk of rows at a time (at most `max_elements` values: 256 MB in fp32,
+    e.g. 409 rows of Kimi's 163840 tokens), only to find the argmax; what is kept is over the draft vocab."""
     chunk = max(1, min(chunk, max_elements // lm_head.shape[0]))
     with torch.autocast(final.device.type, enabled=False):
         return _targets(final, loss_mask, lm_head, draft_ids, t2d, transform or LogitTransform(), chunk)
@@ -51,17 +54,17 @@ def _targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor
     row_of = torch.full((B, L), -1, dtype=torch.long, device=final.device)
     row_of[pos[:, 0], pos[:, 1]] = torch.arange(pos.shape[0], device=final.device)
     h = final[pos[:, 0], pos[:, 1]].float()
-    lm_head = lm_head.float()
-    head_d = lm_head[draft_ids]
+    head_d = lm_head[draft_ids].float()
     probs, argmax, in_vocab, in_mass = [], [], [], []
     for s in range(0, h.shape[0], chunk):
         hc = h[s:s + chunk]
-        full = transform.apply(hc @ lm_head.T)
+        full = transform.apply((hc.to(lm_head.dtype) @ lm_head.T).float())
         in_vocab.append(t2d[full.argmax(-1)])
         restricted = transform.apply(hc @ head_d.T, rows=draft_ids)
         argmax.append(restricted.argmax(-1))
         probs.append(torch.softmax(restricted, dim=-1).to(final.dtype))
-        in_mass.append((torch.logsumexp(restricted, -1) - torch.logsumexp(full, -1)).exp())
+        # <= 1 by definition; a bf16 full pass can round its logsumexp a little below the restricted one
+        in_mass.append((torch.logsumexp(restricted, -1) - torch.logsumexp(full, -1)).exp().clamp(max=1.0))
     Vd = draft_ids.shape[0]
 
     def cat(xs: list[torch.Tensor], shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
