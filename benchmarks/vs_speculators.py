@@ -39,14 +39,15 @@ def run_ours(ttt: int, steps: int, overrides: list[str]) -> dict:
     return {"tokens_per_s": r["tokens_per_s"], "peak_rss_gib": round(r["peak_rss_gb"], 2), "steps": steps}
 
 
-def run_speculators(ttt: int, steps: int, anchor: Path, venv: Path, tag: str) -> dict:
+def run_speculators(ttt: int, steps: int, anchor: Path, venv: Path, tag: str, knobs: list[str]) -> dict:
     rows = SPEC_WORK / "rows.jsonl"
     if not rows.is_file():
         subprocess.run([str(venv / "bin" / "python"), str(anchor / "prepared_to_pretok.py"),
                         str(ours.OUT / "prepared"), str(rows)], check=True)
     run = f"ttt{ttt}-{tag}"
     env = {**os.environ, "WORK": str(SPEC_WORK), "VENV": str(venv), "PRETOK": str(rows), "TTT": str(ttt),
-           "MAX_STEPS": str(steps + 1), "EPOCHS": "1", "RUN": run}
+           "MAX_STEPS": str(steps + 1), "EPOCHS": "1", "RUN": run,
+           **dict(k.split("=", 1) for k in knobs)}  # the anchor's knobs, e.g. CPU_AUTOCAST=1 HS_DTYPE=bfloat16
     proc = subprocess.run(["bash", str(anchor / "bench.sh")], env=env, capture_output=True, text=True)
     summary = SPEC_WORK / "runs" / run / "summary.json"
     if proc.returncode != 0 or not summary.is_file():
@@ -65,6 +66,8 @@ def main() -> None:
     p.add_argument("--anchor", type=Path, default=HERE.parent.parent / "shared" / "anchors" / "speculators")
     p.add_argument("--venv", type=Path, default=Path("/tmp/anchors/specvenv"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our TrainConfig field")
+    p.add_argument("--spec", action="append", default=[], metavar="KNOB=VALUE",
+                   help="an environment knob of the anchor's bench.sh, e.g. CPU_AUTOCAST=1 (with HS_DTYPE=bfloat16)")
     args = p.parse_args()
     if not (args.venv / "bin" / "speculators").exists():
         sys.exit(f"no speculators venv at {args.venv}: run `VENV={args.venv} bash {args.anchor}/setup_venv.sh`")
@@ -72,14 +75,15 @@ def main() -> None:
     manifest = json.loads((ours.OUT / "prepared" / "manifest.json").read_text())
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": {"cpu": ours.cpu_model(), "nproc": os.cpu_count()}, "data": manifest.get("counts"),
-              "steps": args.steps, "rounds": args.rounds, "overrides": args.set, "settings": []}
+              "steps": args.steps, "rounds": args.rounds, "overrides": args.set, "speculators_knobs": args.spec,
+              "settings": []}
     for ttt in [int(x) for x in args.ttt.split(",")]:
         runs: dict[str, list[dict]] = {"eagle3-train": [], "speculators": []}
         for r in range(args.rounds):
             for name in runs:
                 before = load_average()
                 out = (run_ours(ttt, args.steps, args.set) if name == "eagle3-train"
-                       else run_speculators(ttt, args.steps, args.anchor, args.venv, f"r{r}"))
+                       else run_speculators(ttt, args.steps, args.anchor, args.venv, f"r{r}", args.spec))
                 out["load_before"], out["load_after"] = before, load_average()
                 runs[name].append(out)
                 print(f"TTT {ttt} round {r} {name}: {out['tokens_per_s']} tokens/s, {out['peak_rss_gib']} GiB "
@@ -91,7 +95,8 @@ def main() -> None:
         result["settings"].append(row)
         print(f"TTT {ttt}: ours {med['eagle3-train']:.0f} tokens/s at {rss['eagle3-train']} GiB, speculators "
               f"{med['speculators']:.0f} tokens/s at {rss['speculators']} GiB: {row['speed_ratio']}x", flush=True)
-    (HERE / "out" / "vs_speculators.json").write_text(json.dumps(result, indent=2))
+    tag = "-".join(x.replace("=", "_") for x in args.set + args.spec)
+    (HERE / "out" / f"vs_speculators{'-' + tag if tag else ''}.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
