@@ -69,17 +69,16 @@ def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_sampled_acceptance_is_seeded_and_skips_the_greedy_check(servers):
+def test_sampled_acceptance_reaches_the_server_and_skips_the_greedy_check(servers):
     plain, spec = servers
-    runs = [evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
-                            baseline_url=plain.base_url, temperature=1.0, seed=s) for s in (7, 7, 8)]
-    for r in runs:
-        acc = r["acceptance"]
-        assert r["temperature"] == 1.0 and acc["num_drafts"] > 0 and r["errors"] == 0
-        assert r["greedy_identical"] is None  # sampled outputs legitimately differ from a baseline
-    # The same seed reproduces the sampled outputs (rejection sampling included); another seed draws others.
-    outputs = [[c["outputs"] for c in r["completions"]] for r in runs]
-    assert outputs[0] == outputs[1] and outputs[0] != outputs[2]
+    greedy = evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, concurrency=2)
+    r = evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, concurrency=2,
+                        baseline_url=plain.base_url, temperature=1.0, seed=7)
+    assert (r["temperature"], r["seed"]) == (1.0, 7) and greedy["temperature"] == 0.0 and "seed" not in greedy
+    assert r["acceptance"]["num_drafts"] > 0 and r["errors"] == 0
+    assert r["greedy_identical"] is None  # sampled outputs legitimately differ from a baseline
+    # The temperature reached the server: SmolLM2 sampled at 1 leaves its greedy answers within 16 tokens.
+    assert [c["outputs"] for c in r["completions"]] != [c["outputs"] for c in greedy["completions"]]
     with pytest.raises(Eagle3InputError, match="temperature"):
         evaluate_served([spec.base_url], spec.model_name, PROMPTS, temperature=-1.0)
 

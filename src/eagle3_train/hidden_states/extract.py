@@ -326,7 +326,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     ds = load_prepared(prepared_dir, splits)
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers, f"verifier {verifier}")
+    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers, f"verifier {verifier.name}")
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
