@@ -11,10 +11,15 @@ serve --extract-hidden-states`) for the same states, for verifiers only a servin
 (`hidden_states/vllm_backend.py`). Both write the same shards, index and manifest (`backend` records which).
 
 Output (docs/ARCHITECTURE.md): `OUT/{split}/shard-NNNNN.safetensors` with `aux` [N, 3H], `final` [N, H],
-`sample_index` [n], `offsets` [n+1]; `OUT/{split}/index.json`; `OUT/manifest.json`.
+`sample_index` [n], `offsets` [n+1], and (HF backend) `verifier_argmax` [N] int32 and `verifier_lse` [N] float32;
+`OUT/{split}/index.json`; `OUT/manifest.json`.
 
-Only the base model runs (no lm_head, no full-vocab logits, no `output_hidden_states`): forward pre-hooks keep the
-unpadded rows of the three tapped layer inputs, and the base model's output is the final-norm state. Shards are
+Only the base model runs (no full-vocab logits kept, no `output_hidden_states`): forward pre-hooks keep the unpadded
+rows of the three tapped layer inputs, and the base model's output is the final-norm state. The HF backend also
+stores the verifier's full-vocabulary argmax and logsumexp per token (`train.targets.full_vocab_stats`: float32, from
+the final state as stored, i.e. after the store dtype's rounding, with the verifier's logit transform; computed in
+row chunks), so training need not redo that pass every epoch; the vLLM backend has no lm_head and stores none (the
+manifest's `verifier_stats` and each index entry's `verifier_stats` flag say which shards have them). Shards are
 planned deterministically from the data (length-sorted, cut every `shard_tokens` tokens), written atomically, and
 listed in `index.json` after each one, so rerunning the same command resumes where a killed run stopped.
 """
@@ -67,6 +72,7 @@ RESUME_KEYS = ("layer_ids", "dtype", "compute_dtype", "hidden_size", "num_layers
                "max_samples", "shard_tokens", "backend")
 RESUME_DEFAULTS = {"backend": "hf"}  # manifests written before the key existed
 BACKENDS = typing.get_args(ExtractBackend)
+STATS_BYTES = 8  # per token: verifier_argmax int32 + verifier_lse float32 (HF backend)
 
 
 @dataclass(frozen=True)
@@ -281,7 +287,8 @@ def _index(split: str, plans: list[ShardPlan], done: dict[int, dict]) -> dict:
     }
 
 
-def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str]) -> dict:
+def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str], stats=None) -> dict:
+    """`stats`: (verifier_argmax [N], verifier_lse [N]) or None; stored as int32 / float32, never quantized."""
     import torch
 
     from eagle3_train.hidden_states import fp8
@@ -294,11 +301,15 @@ def _write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, st
     if metadata.get("dtype") == fp8.STORE_NAME:  # one scale per token row and layer
         for name, groups in (("aux", aux.shape[1] // final.shape[1]), ("final", 1)):
             tensors[name], tensors[name + fp8.SCALE_SUFFIX] = fp8.encode_rows(tensors[name], groups)
+    if stats is not None:
+        tensors["verifier_argmax"] = stats[0].to(torch.int32)
+        tensors["verifier_lse"] = stats[1].to(torch.float32)
     with atomic_path(path) as tmp:
         save_safetensors(tensors, tmp, metadata=metadata)
         digest, size = sha256_file(tmp), tmp.stat().st_size
     return {"shard": plan.number, "file": path.name, "num_samples": len(plan.rows), "num_tokens": plan.num_tokens,
-            "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest}
+            "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest,
+            "verifier_stats": stats is not None}
 
 
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
@@ -355,7 +366,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
     what = (f"{sum(len(p.rows) for s in splits for p in plans[s])} samples, {total_tokens} tokens ({todo_tokens} "
             f"left) x {bytes_per_token} B/token (4 x H={hidden} x {dtype})")
-    _check_disk_space(out_dir, what, todo_tokens, bytes_per_token, disk_margin, overwrite)
+    # the HF backend's verifier stats add STATS_BYTES per token to the hidden states' bytes_per_token
+    disk_bytes_per_token = bytes_per_token + (STATS_BYTES if backend == "hf" else 0)
+    _check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin, overwrite)
     _clear_output(out_dir, overwrite)
 
     manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
@@ -431,6 +444,8 @@ def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[st
                                   "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
     if settings["backend"] == "vllm":
         manifest["vllm"] = (old_manifest or {}).get("vllm")
+    else:  # the vocab size is filled in when the verifier loads (`_VerifierForward.open`)
+        manifest["verifier_stats"] = (old_manifest or {}).get("verifier_stats")
     for split in (old_manifest or {}).get("splits", {}):
         if split not in splits:  # splits extracted by an earlier command stay recorded
             manifest["splits"][split] = old_manifest["splits"][split]
@@ -539,6 +554,7 @@ class _VerifierForward:
         self.text_config, self.device, self.compute_dtype = text_config, device, compute_dtype
         self.trust_remote_code, self.endpoints, self.vllm_options = trust_remote_code, endpoints, vllm_options
         self.compute = self.source = self.capture = None
+        self.stats = None  # HF: final [n, H] -> (full-vocab argmax [n], logsumexp [n]); vLLM: no lm_head, None
         self.load_s = self.load_cpu_s = 0.0
 
     def open(self, manifest: dict):
@@ -561,6 +577,7 @@ class _VerifierForward:
                                 dtype=_torch_dtype(self.compute_dtype))
         model = model.to(self.device).eval()
         base, layers = decoder_parts(model)
+        self.stats, manifest["verifier_stats"] = self._stats_fn(model)
         self.capture = AuxCapture(layers, self.ids, self.store_dtype)
         pad_id = getattr(self.text_config, "pad_token_id", None) or 0
         self.load_s = time.perf_counter() - t_load
@@ -568,6 +585,24 @@ class _VerifierForward:
         self.compute = partial(run_batch, base, self.capture, pad_id=pad_id, device=self.device,
                                store_dtype=self.store_dtype)
         return self.compute
+
+    def _stats_fn(self, model):
+        """The full-vocab stats function (float32 lm_head, the verifier's logit transform) and its manifest record."""
+        from eagle3_train.model.verifier_head import logit_transform
+        from eagle3_train.train.targets import full_vocab_stats
+
+        head = model.get_output_embeddings()
+        if head is None:
+            raise Eagle3InputError(f"verifier {self.verifier_path}: its model class has no output embeddings "
+                                   f"(lm_head) to compute the full-vocabulary stats with")
+        weight = head.weight.detach().float()  # no copy when the verifier runs in float32
+        transform = logit_transform(self.verifier_path)
+        if transform.bias is not None:
+            transform.bias = transform.bias.to(weight.device)
+        record = {"vocab_size": int(weight.shape[0]), "tensors": "verifier_argmax [N] int32, verifier_lse [N] "
+                  "float32: argmax and logsumexp of the verifier's full-vocabulary logits of the stored final state",
+                  "transform": transform.describe()}
+        return partial(full_vocab_stats, lm_head=weight, transform=transform), record
 
     def close(self, manifest: dict) -> None:
         if self.source is not None:
@@ -592,12 +627,13 @@ def _extract_split(ds, split: str, plans: list[ShardPlan], done: dict[int, dict]
         bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
         rows = columns[list(plan.rows)]
         t0 = time.perf_counter()
-        aux, final = _compute_shard(plan, rows, compute, bar, split=split, token_budget=token_budget, width=width,
-                                    store_dtype=store_dtype, dtype=dtype)
+        aux, final, vstats = _compute_shard(plan, rows, compute, bar, split=split, token_budget=token_budget,
+                                            width=width, store_dtype=store_dtype, dtype=dtype, stats_fn=forward.stats)
         t1 = time.perf_counter()
         meta = {"format": FORMAT, "split": split, "shard": str(plan.number),
                 "layer_ids": ",".join(map(str, forward.ids)), "dtype": dtype}
-        done[plan.number] = _write_shard(split_dir / f"shard-{plan.number:05d}.safetensors", aux, final, plan, meta)
+        done[plan.number] = _write_shard(split_dir / f"shard-{plan.number:05d}.safetensors", aux, final, plan, meta,
+                                         vstats)
         write_json(split_dir / "index.json", _index(split, plans, done))
         stats["forward_s"] += t1 - t0
         stats["write_s"] += time.perf_counter() - t1
@@ -610,9 +646,12 @@ def _extract_split(ds, split: str, plans: list[ShardPlan], done: dict[int, dict]
 
 
 def _compute_shard(plan: ShardPlan, rows: dict[str, list], compute, bar, *, split: str, token_budget: int,
-                   width: tuple[int, int], store_dtype, dtype: str):
-    """(aux [N, 3H], final [N, H]) of one shard's samples, in batches of at most `token_budget` padded tokens."""
+                   width: tuple[int, int], store_dtype, dtype: str, stats_fn=None):
+    """(aux [N, 3H], final [N, H], stats) of one shard's samples, in batches of at most `token_budget` padded tokens;
+    stats: (full-vocab argmax [N], logsumexp [N]) from `stats_fn` applied to the final state as stored, or None."""
     import torch
+
+    from eagle3_train.hidden_states import fp8
 
     for sid, seq, n in zip(rows["id"], rows["input_ids"], plan.lengths):
         if len(seq) != n:
@@ -620,6 +659,8 @@ def _compute_shard(plan: ShardPlan, rows: dict[str, list], compute, bar, *, spli
                                    f"input_ids has {len(seq)} tokens")
     aux = torch.empty((plan.num_tokens, width[0]), dtype=store_dtype)
     final = torch.empty((plan.num_tokens, width[1]), dtype=store_dtype)
+    top = torch.empty(plan.num_tokens, dtype=torch.int32) if stats_fn else None
+    lse = torch.empty(plan.num_tokens, dtype=torch.float32) if stats_fn else None
     row = 0
     with torch.inference_mode():
         for b0, b1 in plan_batches(plan.lengths, token_budget):
@@ -629,9 +670,17 @@ def _compute_shard(plan: ShardPlan, rows: dict[str, list], compute, bar, *, spli
                 _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
                 aux[row:row + n_tok] = a.cpu()
                 final[row:row + n_tok] = f.cpu()
+                if stats_fn is not None:  # from what training will read: fp8 is quantized per row, so per batch
+                    h = fp8.decode_rows(*fp8.encode_rows(f), torch.float32) if dtype == fp8.STORE_NAME else f.float()
+                    t, z = stats_fn(h)
+                    if not bool(torch.isfinite(z).all()):
+                        raise Eagle3InputError(f"the verifier's full-vocabulary logsumexp is NaN/Inf in a batch of "
+                                               f"split '{split}' (sample ids {rows['id'][b0]!r}..); check the "
+                                               f"verifier's lm_head weights")
+                    top[row:row + n_tok], lse[row:row + n_tok] = t.cpu(), z.cpu()
             row += n_tok
             bar.update(n_tok)
-    return aux, final
+    return aux, final, (None if stats_fn is None else (top, lse))
 
 
 def _throughput(stats: dict, forward: _VerifierForward, start: float, start_cpu: float, device: str,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import torch
 
@@ -23,6 +23,10 @@ from eagle3_train.utils.io import Eagle3InputError
 class Features(TypedDict):
     aux: torch.Tensor  # [T, 3H]
     final: torch.Tensor  # [T, H], post-norm
+    # The verifier's full-vocab argmax [T] and logsumexp [T] (float32), stored by the HF extract backend; a source
+    # without them leaves them out and training computes them from `final` and the lm_head.
+    verifier_argmax: NotRequired[torch.Tensor]
+    verifier_lse: NotRequired[torch.Tensor]
 
 
 class HiddenStateSource(Protocol):
@@ -59,7 +63,7 @@ class StoredSource:
             if hs["aux"].shape[0] != len(ids):
                 raise Eagle3InputError(f"sample {index} (split '{self.split}'): {hs['aux'].shape[0]} hidden-state "
                                        f"rows in {self.reader.dir} but {len(ids)} tokens in the prepared data")
-            out.append(Features(aux=hs["aux"], final=hs["final"]))
+            out.append(Features(**hs))
         return out
 
     def identity(self) -> dict[str, Any]:

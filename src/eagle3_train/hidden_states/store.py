@@ -1,13 +1,18 @@
 """Read stored hidden states (the output of the extract stage) and check they belong to a dataset and verifier.
 
 Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
-`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}`; `check_hidden_states(hidden, prepared_dir, verifier)`
+`.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}` plus, when every shard of the split has them,
+`"verifier_argmax": Tensor[L] int64, "verifier_lse": Tensor[L] float32` (`.has_verifier_stats`: the verifier's
+full-vocabulary argmax and logsumexp per token, stored by the HF extract backend; a split some of whose shards lack
+them, e.g. an older store resumed by a newer extract, is read without them); `check_hidden_states(hidden, prepared_dir,
+verifier)`
 (the one check of the hidden-states contract: made from this prepared data by this verifier, at these layers);
 `reextract_command(manifest, hidden_dir, split)`. fp8 shards (extract --store-dtype float8_e4m3) are decoded to
 bfloat16 on load (`_rows`).
 
 A damaged shard stops with an Eagle3InputError naming it and the command that re-extracts it: sizes are checked
-against index.json when the reader opens, SHA-256 on a shard's first read in a process, NaN/Inf on every sample.
+against index.json when the reader opens, SHA-256 on a shard's first read in a process, NaN/Inf on every sample
+(and for the verifier stats: row counts, a finite logsumexp, an argmax inside the verifier's vocabulary).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from eagle3_train.assets.verifier import Verifier, resolve_verifier, same_verifi
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 EXPECTED_FORMAT = "eagle3-train-hidden-states"
+STATS = ("verifier_argmax", "verifier_lse")  # shard tensors of the verifier's full-vocab stats (extract, HF backend)
 
 
 def read_manifest(hidden_dir: str | Path) -> dict:
@@ -43,7 +49,9 @@ def check_hidden_states(hidden: str | Path | dict, prepared_dir: str | Path,
     """Raise Eagle3InputError unless the hidden states were extracted from `prepared_dir` with `verifier`.
 
     `hidden` is the extract output dir or its manifest; `verifier` a name/dir, a Verifier or an identity dict (None:
-    skip that check). `hash_weights=False` compares weight-file sizes only (fast for large verifiers).
+    skip that check). `hash_weights=False` compares weight-file sizes only (fast for large verifiers). The stored
+    verifier stats (full-vocab argmax and logsumexp) depend on the verifier's config and lm_head only, so the verifier
+    check covers them too; their per-shard sizes and values are checked by `HiddenStatesReader`.
     Returns the manifest.
     """
     manifest = hidden if isinstance(hidden, dict) else read_manifest(hidden)
@@ -124,6 +132,11 @@ class HiddenStatesReader:
             for k, sample in enumerate(entry["sample_indices"]):
                 self._where[int(sample)] = (pos, int(offsets[k]), int(offsets[k + 1]))
         self.sample_indices: list[int] = sorted(self._where)
+        shards = self.index.get("shards", [])
+        stats = self.manifest.get("verifier_stats") or {}
+        # all shards or none: one split never mixes stored stats with computed ones
+        self.has_verifier_stats = bool(shards) and bool(stats) and all(e.get("verifier_stats") for e in shards)
+        self.vocab_size = int(stats["vocab_size"]) if self.has_verifier_stats else None
         self._handles: OrderedDict[int, Any] = OrderedDict()
         self._pid = os.getpid()
         self.hash_on_open = hash_on_open
@@ -202,6 +215,14 @@ class HiddenStatesReader:
             raise self._damaged(path, f"cannot be read ({type(e).__name__}: {e})") from None
         if rows != entry["num_tokens"] or final_rows != rows:
             raise self._damaged(path, f"holds {rows} rows but index.json says {entry['num_tokens']} tokens")
+        if self.has_verifier_stats:
+            keys = set(handle.keys())
+            for name in STATS:
+                if name not in keys:
+                    raise self._damaged(path, f"lacks '{name}', which index.json says it holds")
+                if handle.get_slice(name).get_shape() != [rows]:
+                    raise self._damaged(path, f"holds '{name}' of shape {handle.get_slice(name).get_shape()}, "
+                                              f"expected [{rows}] (one value per token)")
         self._handles[pos] = handle
         while len(self._handles) > self.max_open:
             self._handles.popitem(last=False)
@@ -209,16 +230,24 @@ class HiddenStatesReader:
 
     def load(self, sample_index: int) -> dict:
         """{"aux": [L, 3H], "final": [L, H]} in the stored dtype (fp8: bfloat16) for one sample (row of the prepared
-        split)."""
+        split), with "verifier_argmax" [L] int64 and "verifier_lse" [L] float32 when the split has them."""
         import torch
 
         pos, start, end = self._locate(sample_index)
         handle = self._handle(pos)
         out = {"aux": _rows(handle, "aux", start, end), "final": _rows(handle, "final", start, end)}
+        if self.has_verifier_stats:
+            out["verifier_argmax"] = handle.get_slice("verifier_argmax")[start:end].long()
+            out["verifier_lse"] = handle.get_slice("verifier_lse")[start:end].float()
         for name, t in out.items():
-            if not bool(torch.isfinite(t).all()):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 path = self.dir / self.split / self.index["shards"][pos]["file"]
                 raise self._damaged(path, f"holds NaN/Inf in '{name}' for sample {sample_index} (rows {start}..{end})")
+        top = out.get("verifier_argmax")
+        if top is not None and top.numel() and not (0 <= int(top.min()) and int(top.max()) < self.vocab_size):
+            path = self.dir / self.split / self.index["shards"][pos]["file"]
+            raise self._damaged(path, f"holds a 'verifier_argmax' outside the verifier's {self.vocab_size} tokens for "
+                                      f"sample {sample_index} (rows {start}..{end})")
         return out
 
     def verify(self) -> None:

@@ -18,14 +18,20 @@ class Batch:
     aux: torch.Tensor  # [B, L, 3H]
     final: torch.Tensor  # [B, L, H] verifier's last (post-norm) hidden state
     lengths: torch.Tensor  # [B]
+    # The verifier's full-vocab argmax [B, L] int64 and logsumexp [B, L] float32 per position, when the store has
+    # them (extract's `verifier_argmax`/`verifier_lse`): the targets then skip the full-vocab pass. None otherwise.
+    verifier_argmax: torch.Tensor | None = None
+    verifier_lse: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
+        stats = (None, None) if self.verifier_argmax is None else (self.verifier_argmax.to(device),
+                                                                   self.verifier_lse.to(device))  # lse stays fp32
         return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.aux.to(device, dtype),
-                     self.final.to(device, dtype), self.lengths.to(device))
+                     self.final.to(device, dtype), self.lengths.to(device), *stats)
 
 
 class TrainingSamples:
@@ -74,6 +80,10 @@ class TrainingSamples:
         mask = torch.zeros(B, L, dtype=torch.bool)
         aux = torch.zeros(B, L, kept[0][1]["aux"].shape[-1], dtype=kept[0][1]["aux"].dtype)
         final = torch.zeros(B, L, kept[0][1]["final"].shape[-1], dtype=kept[0][1]["final"].dtype)
+        # all samples of the batch have the stats, or the batch has none (the full pass then runs for all)
+        has_stats = all(hs.get("verifier_argmax") is not None for _, hs in kept)
+        top = torch.zeros(B, L, dtype=torch.long) if has_stats else None
+        lse = torch.zeros(B, L, dtype=torch.float32) if has_stats else None
         for b, (p, hs) in enumerate(kept):
             n = self.lengths[p]
             if hs["aux"].shape[0] != n:
@@ -83,7 +93,10 @@ class TrainingSamples:
             mask[b, :n] = torch.tensor(self.loss_mask[p], dtype=torch.bool)
             aux[b, :n] = hs["aux"]
             final[b, :n] = hs["final"]
-        return Batch(ids, mask, aux, final, torch.tensor([self.lengths[p] for p, _ in kept]))
+            if has_stats:
+                top[b, :n] = hs["verifier_argmax"]
+                lse[b, :n] = hs["verifier_lse"]
+        return Batch(ids, mask, aux, final, torch.tensor([self.lengths[p] for p, _ in kept]), top, lse)
 
     def close(self) -> None:
         self.source.close()

@@ -287,7 +287,8 @@ class Trainer:
         cfg = self.cfg
         with _autocast(self.device, self.precision):
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
-                                       self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform)
+                                       self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform,
+                                       full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
                                checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix)
