@@ -301,7 +301,8 @@ def test_bad_inputs(tmp_path, tiny_llama, mixed_prepared):
 
 def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_prepared, monkeypatch):
     out = tmp_path / "hs"
-    with pytest.raises(Eagle3InputError, match=r"not enough disk space.*\d+ tokens x 1024 bytes"):
+    # 4 x H x 4 bytes of float32 states + 8 bytes of verifier stats per token
+    with pytest.raises(Eagle3InputError, match=r"not enough disk space.*\d+ tokens x 1032 bytes"):
         extract(mixed_prepared, tiny_llama, out, dtype="float32", device="cpu", disk_margin=2**62)
     monkeypatch.setenv("EAGLE3_TRAIN_DISK_MARGIN_BYTES", str(2**62))
     with pytest.raises(Eagle3InputError, match="not enough disk space"):
