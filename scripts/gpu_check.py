@@ -15,7 +15,7 @@ first ShareGPT conversations) and `prompts.txt`. Parts:
   bench:    benchmarks/gpu_train_throughput.py (Llama-3.1-8B and Kimi-K2 shapes, TTT 7 and 3, checkpointing on/off)
 
   python3 scripts/gpu_check.py --out "$OUT"              # on the GPU machine (scripts/gpu_check.sh sets it up)
-  PYTHONPATH=src python scripts/gpu_check.py --tiny --out /tmp/gpucheck-out   # CPU rehearsal, small sizes
+  PYTHONPATH=src python scripts/gpu_check.py --tiny   # CPU rehearsal, small sizes (results in /tmp/gpucheck-out)
 """
 
 from __future__ import annotations
@@ -452,7 +452,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "collectives", "evaluate"],
                    help=argparse.SUPPRESS)
-    p.add_argument("--out", default=os.environ.get("OUT", "gpucheck-out"), help="results folder (default $OUT)")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpucheck-out"), help="results folder (default $OUT)")
     p.add_argument("--work", default="/tmp/gpucheck-work", help="scratch folder (deleted first)")
     p.add_argument("--device", default=None, help="cuda (default) or cpu (--tiny's default)")
     p.add_argument("--tiny", action="store_true", help="small sizes (8-layer verifier, 24 conversations): CPU run")

@@ -5,7 +5,7 @@
 #   OUT=/some/dir bash scripts/gpu_check.sh [gpu_check.py flags, e.g. --budget-s 420]
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpucheck-out}
+OUT=${OUT:-/tmp/gpucheck-out}
 mkdir -p "$OUT"
 if ! python3 -c "import datasets" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
