@@ -312,7 +312,7 @@ class Trainer:
             _, batches, skipped = self.fetch_step(micro)
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
-            denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
+            denom += supervised_counts(b.loss_mask, cfg.ttt_steps).cpu()  # batches may already sit on the GPU
         all_reduce_sum_(denom, self.info)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
