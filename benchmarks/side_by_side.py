@@ -80,11 +80,11 @@ def train_speculators(epochs: int, anchor: Path, venv: Path) -> dict:
             "metrics": str(out / "metrics.jsonl")}
 
 
-def serve(draft: str, num_prompts: int, log_dir: Path) -> dict:
-    """One vLLM server per draft (speculators format: the config names the verifier), every measure against it."""
+def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES) -> dict:
+    """One vLLM server per draft (speculators format: the config names the verifier), `measures` against it."""
     out = {}
     with VLLMServer(draft, startup_matters=True, log_path=log_dir / "vllm.log") as server:
-        for name, bench, temperature in MEASURES:
+        for name, bench, temperature in measures:
             prompts = load_prompts(bench, limit=num_prompts, turns=1)
             r = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=128, concurrency=8,
                                 temperature=temperature, seed=0)

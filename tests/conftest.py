@@ -18,16 +18,21 @@
   (d2t, t2d) drawn with seed 1, the reference draft on them with default flags, and the RunInputs of a run on them.
   Treat them as read-only; a module needing another reference overrides `ref` (tests/test_inspect.py).
 
-Tests not marked `slow` run on one intra-op thread (see `pytest_runtest_setup`).
+Tests not marked `slow` run on one intra-op thread (see `pytest_runtest_setup`). `train.precision: auto` resolves to
+fp32 on every CPU in tests (EAGLE3_TRAIN_CPU_BF16=0, inherited by the subprocesses they start), so that results do not
+depend on whether the host has native bf16; tests of bf16 ask for it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("EAGLE3_TRAIN_CPU_BF16", "0")
 
 TINY_LLAMA_CONFIG = {
     "hidden_size": 64,

@@ -58,6 +58,22 @@ def test_training_learns_and_records_metadata(stages, tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_precision_follows_the_hardware_and_is_recorded(stages, tmp_path, monkeypatch):
+    root, _ = stages
+    runs = {}
+    for env, expected in (("1", "bf16"), ("0", "fp32")):  # native bf16 on this CPU, or not
+        monkeypatch.setenv("EAGLE3_TRAIN_CPU_BF16", env)
+        out = tmp_path / expected
+        train(config(root, out, max_steps=3))
+        meta = json.loads((out / "training_metadata.json").read_text())
+        assert meta["settings"]["precision"] == "auto"
+        assert (meta["run"]["precision"], meta["run"]["device"]) == (expected, "cpu")
+        runs[expected] = weights(out)
+    # bf16 autocast really ran: same data, seed and steps, other weights
+    assert any(not torch.equal(runs["bf16"][k], runs["fp32"][k]) for k in runs["fp32"])
+
+
+@pytest.mark.slow
 def test_resume_continues_exactly(stages, tmp_path):
     root, _ = stages
     straight = tmp_path / "straight"

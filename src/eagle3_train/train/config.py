@@ -71,7 +71,8 @@ class TrainConfig:
     seed: int = setting(0, "seed of initialisation and data order")
     device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")
     precision: Literal["auto", "fp32", "bf16"] = setting(
-        "auto", "fp32, or bf16 (autocast, fp32 master weights); auto = bf16 on CUDA, fp32 on CPU")
+        "auto", "fp32, or bf16 (autocast, fp32 master weights); auto = bf16 where the hardware has it natively (CUDA, "
+        "CPUs with AVX512-BF16/AMX), else fp32")
     # draft architecture
     num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)")
     intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)")

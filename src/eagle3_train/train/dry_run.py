@@ -61,7 +61,7 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     """
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    from eagle3_train.train.trainer import verifier_tensor_dtype
+    from eagle3_train.train.precision import verifier_tensor_dtype
 
     head_dtype = verifier_tensor_dtype(precision)
     esize = torch.empty((), dtype=head_dtype).element_size()

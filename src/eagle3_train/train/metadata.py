@@ -13,13 +13,14 @@ VERSION = 1
 
 def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,
                    status: str, progress: dict[str, Any], metrics: dict[str, Any],
-                   source: dict[str, Any] | None = None) -> dict[str, Any]:
+                   source: dict[str, Any] | None = None, compute: dict[str, str] | None = None) -> dict[str, Any]:
+    """`compute`: the device and precision the run resolved (`auto` depends on the hardware)."""
     pm = inputs.prepared_manifest
     return {
         "format": FORMAT,
         "version": VERSION,
         "run": {"out": cfg.out, "status": status, "started": started, "updated": now_iso(),
-                "world_size": world_size},
+                "world_size": world_size, **(compute or {})},
         # How the draft was initialised: {"method": "random", "seed"} or {"method": "finetune", "source", ...}.
         "init": init,
         "data": {

@@ -8,7 +8,6 @@ Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
@@ -37,6 +36,7 @@ from eagle3_train.train.distributed import (
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
+from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
@@ -56,19 +56,6 @@ def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device(f"cuda:{info.local_rank}")
     return dev
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def verifier_tensor_dtype(precision: str) -> torch.dtype:
-    """dtype of the frozen verifier tensors the trainer keeps on the device (embedding, lm_head for the targets).
-    Under bf16 autocast they are used in bf16 anyway: storing them so halves the largest frozen memory (at Kimi's size
-    2 x 2.2 GiB instead of 2 x 4.4 GiB); they are never in the optimizer."""
-    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
@@ -119,10 +106,7 @@ class Trainer:
         self.device = _device(cfg, self.info)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        auto = "bf16" if self.device.type == "cuda" else "fp32"
-        self.precision = auto if cfg.precision == "auto" else cfg.precision
-        if self.precision not in ("fp32", "bf16"):
-            raise Eagle3InputError(f"train.precision must be auto, fp32 or bf16, got '{cfg.precision}'")
+        self.precision = resolve_precision(cfg.precision, self.device)
         check_loss(cfg.loss, cfg.loss_mix)
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
@@ -184,7 +168,8 @@ class Trainer:
                               progress={"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
                                         "tokens": self.tokens_seen},
                               metrics={"train": self.last_train, "validation": self.last_val, "best": self.best},
-                              source=self.source_record())
+                              source=self.source_record(),
+                              compute={"device": str(self.device), "precision": self.precision})
 
     def skipped_samples(self) -> int:
         """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
@@ -285,7 +270,7 @@ class Trainer:
     # --- compute ------------------------------------------------------------------------------------------------
     def _forward(self, batch, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        with _autocast(self.device, self.precision):
+        with autocast(self.device, self.precision):
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
                                        self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform,
                                        full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
@@ -313,7 +298,7 @@ class Trainer:
             _, batches, skipped = self.fetch_step(micro)
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
-            denom += supervised_counts(b.loss_mask, cfg.ttt_steps)
+            denom += supervised_counts(b.loss_mask, cfg.ttt_steps).cpu()  # batches may already sit on the GPU
         all_reduce_sum_(denom, self.info)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,36 @@
+"""What `train.precision: auto` resolves to, and its errors (the training run that records it: tests/test_train.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle3_train.train.precision import CPU_BF16_ENV, cpu_has_native_bf16, resolve_precision
+from eagle3_train.utils.io import Eagle3InputError
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(("env", "expected"), [("1", "bf16"), ("0", "fp32")])
+def test_auto_on_cpu_follows_native_bf16(monkeypatch, env, expected):
+    monkeypatch.setenv(CPU_BF16_ENV, env)
+    assert resolve_precision("auto", CPU) == expected
+    # an explicit choice is never changed by the hardware
+    assert resolve_precision("fp32", CPU) == "fp32" and resolve_precision("bf16", CPU) == "bf16"
+
+
+def test_detection_without_override_matches_the_cpu_flags(monkeypatch):
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
+    flags = open("/proc/cpuinfo").read().split() if __import__("os").path.exists("/proc/cpuinfo") else None
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo to compare with")
+    # torch's probes and the kernel's flags agree on this host (avx512_bf16, or AMX tiles)
+    assert cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_tile" in flags)
+
+
+def test_bad_values_are_named(monkeypatch):
+    with pytest.raises(Eagle3InputError, match="train.precision must be auto, fp32, bf16, got 'fp16'"):
+        resolve_precision("fp16", CPU)
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(Eagle3InputError, match=f"{CPU_BF16_ENV} must be 1 or 0"):
+        resolve_precision("auto", CPU)
