@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from side_by_side import MEASURES, curve_speculators, serve
+from train_throughput import build_data
 
 from eagle3_train.utils.io import read_json, write_json
 
@@ -38,18 +39,6 @@ SPEC = WORK / "speculators"
 RESULTS = HERE / "out" / "equal_wall_clock.json"
 OURS_BEST = ["precision=bf16", "checkpoint_loss=false", "checkpoint_mlp=false", "lr=0.002"]
 TRAIN = dict(ttt_steps=3, token_budget=2048, warmup_ratio=0.05, grad_clip=0.5, seed=0, tensorboard=False)
-
-
-def build_data(limit: int) -> None:
-    from eagle3_train.data.prepare import prepare
-    from eagle3_train.hidden_states.extract import extract
-    from eagle3_train.vocab.build import build_vocab
-
-    if not (DATA / "prepared" / "manifest.json").is_file():
-        prepare("sharegpt", "smollm2-135m-instruct", DATA / "prepared", max_length=512, limit=limit, val_count=0)
-    if not (DATA / "vocab" / "vocab.safetensors").is_file():
-        build_vocab(DATA / "prepared", DATA / "vocab", size=8192)
-    extract(DATA / "prepared", "smollm2-135m-instruct", DATA / "hidden", dtype="bfloat16", splits=("train",))
 
 
 def ours_command(out: Path, overrides: list[str], max_steps: int, save_every: int | None,
@@ -207,7 +196,8 @@ def main() -> None:
     p.add_argument("--serve-only", action="store_true", help="measure the drafts of an earlier run")
     args = p.parse_args()
     overrides = args.ours or OURS_BEST
-    build_data(args.limit)
+    if not args.serve_only:
+        build_data(args.limit, DATA)
     results = read_json(RESULTS) if args.serve_only else {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "minutes": args.minutes,
         "machine": {"cpu": subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],

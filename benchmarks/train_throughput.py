@@ -20,16 +20,17 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "out" / "train-bench"
 
 
-def build_data(limit: int) -> None:
+def build_data(limit: int, out: Path = OUT) -> None:
+    """ShareGPT conversations (max 512 tokens) prepared for SmolLM2, a 8192-token vocab, bf16 hidden states."""
     from eagle3_train.data.prepare import prepare
     from eagle3_train.hidden_states.extract import extract
     from eagle3_train.vocab.build import build_vocab
 
-    if not (OUT / "prepared" / "manifest.json").is_file():
-        prepare("sharegpt", "smollm2-135m-instruct", OUT / "prepared", max_length=512, limit=limit, val_count=0)
-    if not (OUT / "vocab" / "vocab.safetensors").is_file():
-        build_vocab(OUT / "prepared", OUT / "vocab", size=8192)
-    extract(OUT / "prepared", "smollm2-135m-instruct", OUT / "hidden", dtype="bfloat16", splits=("train",))
+    if not (out / "prepared" / "manifest.json").is_file():
+        prepare("sharegpt", "smollm2-135m-instruct", out / "prepared", max_length=512, limit=limit, val_count=0)
+    if not (out / "vocab" / "vocab.safetensors").is_file():
+        build_vocab(out / "prepared", out / "vocab", size=8192)
+    extract(out / "prepared", "smollm2-135m-instruct", out / "hidden", dtype="bfloat16", splits=("train",))
 
 
 def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str]) -> dict:
