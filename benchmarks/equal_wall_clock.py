@@ -112,7 +112,7 @@ def spec_summary(run: str) -> dict:
 
 def spec_rate(run: str) -> tuple[float, float]:
     s = spec_summary(run)
-    return s["train_tokens_per_s_excl_first_step"], s["train_tokens"] / s["train_steps"]
+    return s["train_tokens_per_s_excl_first_step"], s["tokens_trained"] / s["train_steps"]
 
 
 def curve_ours_time(path: Path) -> tuple[list[float], list[int], list[float]]:
@@ -213,13 +213,14 @@ def main() -> None:
         "data": read_json(DATA / "prepared" / "manifest.json").get("counts"), "ours_overrides": overrides}
     if not args.serve_only:
         # speculators' data (its prepare-data + HF hidden states) comes with a first 2-step run, alone on the machine
-        subprocess.run(["bash", str(args.anchor / "bench.sh")], check=True, capture_output=True,
-                       env=spec_env(args.anchor, args.venv, "data", 2, os.cpu_count() or 1))
+        if not (SPEC / "runs" / "data" / "summary.json").is_file():
+            subprocess.run(["bash", str(args.anchor / "bench.sh")], check=True, capture_output=True,
+                           env=spec_env(args.anchor, args.venv, "data", 2, os.cpu_count() or 1))
         print("probe: both trainers side by side ...", flush=True)
-        side_by_side(ours_command(WORK / "probe-ours", overrides, args.probe_steps, None, log_every=2),
-                     WORK / "probe-ours.log",
-                     ["bash", str(args.anchor / "bench.sh")],
-                     spec_env(args.anchor, args.venv, "probe", args.probe_steps + 1, 1), WORK / "probe-spec.log")
+        if not ((WORK / "probe-ours" / "final").is_dir() and (SPEC / "runs" / "probe" / "summary.json").is_file()):
+            side_by_side(ours_command(WORK / "probe-ours", overrides, args.probe_steps, None, log_every=2),
+                         WORK / "probe-ours.log", ["bash", str(args.anchor / "bench.sh")],
+                         spec_env(args.anchor, args.venv, "probe", args.probe_steps + 1, 1), WORK / "probe-spec.log")
         (o_rate, o_step), (s_rate, s_step) = ours_rate(WORK / "probe-ours" / "metrics.jsonl"), spec_rate("probe")
         budget = args.minutes * 60
         o_steps, s_steps = math.floor(budget * o_rate / o_step), math.floor(budget * s_rate / s_step)
