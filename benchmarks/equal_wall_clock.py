@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from side_by_side import MEASURES, curve_speculators, serve
+from side_by_side import MEASURES, curve_speculators, ours_train_rows, serve, spec_train_steps
 from train_throughput import build_data
 
 from eagle3_train.utils.io import read_json, write_json
@@ -99,8 +99,7 @@ def side_by_side(ours_cmd: list[str], ours_log: Path, spec_cmd: list[str], env: 
 
 def ours_rate(metrics: Path) -> tuple[float, float]:
     """(tokens/s over the logged train windows after the first, tokens per optimizer step)."""
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("split") == "train" and "tokens_seen" in r]
+    rows = ours_train_rows(metrics)
     first, last = rows[0], rows[-1]
     rate = (last["tokens_seen"] - first["tokens_seen"]) / (last["time"] - first["time"])
     return rate, last["tokens_seen"] / last["step"]
@@ -116,15 +115,13 @@ def spec_rate(run: str) -> tuple[float, float]:
 
 
 def curve_ours_time(path: Path) -> tuple[list[float], list[int], list[float]]:
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("split") == "train" and "tokens_seen" in r]
+    rows = ours_train_rows(path)
     t0 = rows[0]["time"] - rows[0]["tokens_seen"] / max(rows[0].get("tokens_per_s", 1.0), 1e-9)
     return [r["time"] - t0 for r in rows], [r["tokens_seen"] for r in rows], [r["accept_len_k3"] for r in rows]
 
 
 def spec_tokens_time(path: Path) -> tuple[list[float], list[int]]:
-    steps = [json.loads(x)["data"] for x in path.read_text().splitlines() if x.strip()]
-    steps = [d for d in steps if d.get("train") and d.get("profile")]
+    steps = spec_train_steps(path)
     secs, toks, s, n = [], [], 0.0, 0.0
     for d in steps:
         s += d["profile"]["step_ms"] / 1000
@@ -153,8 +150,7 @@ def checkpoints_ours(run: Path, steps: int) -> list[tuple[int, Path, bool]]:
 
 def spec_epoch_ends(path: Path) -> dict[int, int]:
     """epoch -> index (in its train steps) of that epoch's last step."""
-    steps = [json.loads(x)["data"] for x in path.read_text().splitlines() if x.strip()]
-    steps = [d for d in steps if d.get("train") and d.get("profile")]
+    steps = spec_train_steps(path)
     return {int(d["epoch"]): i for i, d in enumerate(steps) if "epoch" in d}
 
 

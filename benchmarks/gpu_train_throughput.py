@@ -36,7 +36,8 @@ from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
 from eagle3_train.train.distributed import DistInfo  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
-from eagle3_train.train.trainer import Trainer, build_model, lr_lambda, verifier_tensor_dtype  # noqa: E402
+from eagle3_train.train.precision import resolve_precision, verifier_tensor_dtype  # noqa: E402
+from eagle3_train.train.trainer import Trainer, build_model, lr_lambda  # noqa: E402
 from eagle3_train.utils.settings import build_settings  # noqa: E402
 
 # Verifier configs (the fields the draft is derived from). Kimi-K2's own attention is MLA; its published EAGLE-3 draft
@@ -118,7 +119,7 @@ class SyntheticTrainer(Trainer):
 
     def __init__(self, cfg: TrainConfig, inputs: RunInputs, samples: SyntheticSamples, device: torch.device):
         self.cfg, self.info, self.device, self.inputs = cfg, DistInfo(), device, inputs
-        self.precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+        self.precision = resolve_precision(cfg.precision, device)
         self.model = build_model(cfg, inputs, device=str(device))
         frozen = verifier_tensor_dtype(self.precision)
         self.model.embed_tokens.to(frozen)

@@ -94,16 +94,26 @@ def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURE
     return out
 
 
-def curve_ours(path: str) -> tuple[list[int], list[float]]:
+def ours_train_rows(path: str | Path) -> list[dict]:
+    """Our metrics.jsonl: the train-window records (each with `tokens_seen` and `time`)."""
     rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    train_rows = [r for r in rows if r["split"] == "train" and "tokens_seen" in r]
+    return [r for r in rows if r.get("split") == "train" and "tokens_seen" in r]
+
+
+def spec_train_steps(path: str | Path) -> list[dict]:
+    """speculators' metrics.jsonl: one record per train step (its `data`: train metrics, profile, epoch)."""
+    steps = [json.loads(x)["data"] for x in Path(path).read_text().splitlines() if x.strip()]
+    return [d for d in steps if d.get("train") and d.get("profile")]
+
+
+def curve_ours(path: str) -> tuple[list[int], list[float]]:
+    train_rows = ours_train_rows(path)
     return [r["tokens_seen"] for r in train_rows], [r["accept_len_k3"] for r in train_rows]
 
 
 def curve_speculators(path: str, window: int = 5) -> tuple[list[int], list[float]]:
     """Its per-step train metrics, averaged over `window` steps like our logging windows; tokens from its profile."""
-    steps = [json.loads(x)["data"] for x in Path(path).read_text().splitlines() if x.strip()]
-    steps = [d for d in steps if d.get("train") and d.get("profile")]
+    steps = spec_train_steps(path)
     tokens, est, seen = [], [], 0.0
     for i, d in enumerate(steps):
         seen += d["profile"]["tokens_per_s"] * d["profile"]["step_ms"] / 1000
