@@ -275,3 +275,25 @@ def test_generate_reasoning_modes_and_sampling(servers, tmp_path):
     b = {r["id"]: r["messages"] for r in recover_jsonl(tmp_path / "b" / "conversations.jsonl")[0]}
     assert a == b and len(a) == 2 and m2["counts"]["done"] == 2
     assert all("reasoning_content" not in m for msgs in a.values() for m in msgs)
+
+
+def test_original_answers_fill_in_for_the_conversations_not_regenerated(tmp_path):
+    """generate.original_answers: regenerated conversations first, then the source's others with their own answers,
+    each conversation once, in the source's order."""
+    from eagle3_train.assets.conversations import load_conversations
+    from eagle3_train.generate.pipeline_step import mix_with_originals
+
+    source = [c for c in load_conversations("sharegpt", limit=6)[0]]
+    regenerated = [{"id": c.id, "messages": [c.messages[0], {"role": "assistant", "content": f"new answer {i}"}]}
+                   for i, c in enumerate(source[1:3])]
+    generated = tmp_path / "conversations.jsonl"
+    generated.write_text("".join(json.dumps(r) + "\n" for r in regenerated))
+    out = tmp_path / "mixed.jsonl"
+    counts = mix_with_originals("sharegpt", generated, out, limit=6)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert counts == {"regenerated": 2, "original": 4}
+    assert [r["id"] for r in rows] == [source[i].id for i in (1, 2, 0, 3, 4, 5)]
+    assert rows[0]["messages"][1]["content"] == "new answer 0"
+    assert rows[2]["messages"] == source[0].messages
+    mixed, info = load_conversations(str(out))  # prepare reads it like any messages JSONL
+    assert len(list(mixed)) == 6 and info.format == "messages"

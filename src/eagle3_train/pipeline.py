@@ -283,17 +283,20 @@ def _with_serving(ctx: RunContext) -> dict[str, Any]:
 
 
 # generate: regenerate the assistant turns with the verifier served by vLLM (on-policy data).
+_GENERATE_PIPELINE_ONLY = ("enabled", "allow_fallback", "original_answers")  # how the run uses generate's output
+
+
 def _generate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     source = ctx.cfg["prepare"]["data"]
     return {"data": source, "data_sha256": data_sha256(source), "verifier": ctx.verifier_key,
-            **_section(ctx, "generate", "enabled", "allow_fallback"), **_with_serving(ctx)}
+            **_section(ctx, "generate", *_GENERATE_PIPELINE_ONLY), **_with_serving(ctx)}
 
 
 def _generate_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.generate.pipeline_step import run_generation_for_pipeline
 
     return run_generation_for_pipeline(ctx.cfg["prepare"]["data"], ctx.verifier_dir, ctx.run_dir / "generated",
-                                       _section(ctx, "generate", "enabled", "allow_fallback"), ctx.serving(),
+                                       _section(ctx, "generate", *_GENERATE_PIPELINE_ONLY), ctx.serving(),
                                        ctx.trust_remote_code)
 
 
@@ -307,6 +310,14 @@ def _generate_use(ctx: RunContext, _v: str | None, result: Any) -> None:
         log.warning("generation skipped (%s); training on the original answers (generate.allow_fallback)", reason)
     else:
         ctx.data_source = str(ctx.run_dir / "generated" / "conversations.jsonl")
+        if ctx.cfg["generate"].get("original_answers"):
+            from eagle3_train.generate.pipeline_step import mix_with_originals
+
+            mixed = ctx.run_dir / "generated" / "with-original-answers.jsonl"
+            result = {**result, "mix": mix_with_originals(
+                ctx.cfg["prepare"]["data"], Path(ctx.data_source), mixed, ctx.cfg["prepare"].get("limit"),
+                bool(ctx.cfg["prepare"].get("skip_bad_records")))}
+            ctx.data_source = str(mixed)
     ctx.summary["generate"] = result
 
 

@@ -88,6 +88,10 @@ class GenerateSettings:
                             cli=False)
     allow_fallback: bool = setting(False, "train on the original answers when generation cannot run (no vLLM env)",
                                    cli=False)
+    original_answers: bool = setting(False, "also train on the original answers of the conversations that were not "
+                                            "regenerated (past generate.limit or skipped by it, up to prepare.limit): "
+                                            "on-policy data where generated, more data at no generation cost",
+                                     cli=False)
     data: str = setting("sharegpt", "conversations: 'sharegpt', a .json/.jsonl file or a data dir", required=True,
                         yaml=False)
     out: str = setting("", "output directory (conversations.jsonl, manifest.json)", required=True, yaml=False)

@@ -62,3 +62,27 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     with VLLMServer(verifier_dir, log_path=out_dir / SERVER_LOG, **opts) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}
+
+
+def mix_with_originals(source: str, generated: Path, out_file: Path, limit: int | None,
+                       skip_bad_records: bool = False) -> dict[str, int]:
+    """Write the regenerated conversations, then the source's first `limit` conversations that were not regenerated
+    with their original answers, as one messages JSONL; returns how many of each."""
+    from eagle3_train.assets.conversations import load_conversations
+
+    regenerated = 0
+    done: set[str] = set()
+    with atomic_path(out_file) as tmp, open(tmp, "w") as f:
+        with open(generated) as g:
+            for line in g:
+                if line.strip():
+                    done.add(json.loads(line)["id"])
+                    f.write(line if line.endswith("\n") else line + "\n")
+                    regenerated += 1
+        conversations, _ = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
+        original = 0
+        for conv in conversations:
+            if conv.id not in done:
+                f.write(json.dumps({"id": conv.id, "messages": conv.messages}) + "\n")
+                original += 1
+    return {"regenerated": regenerated, "original": original}

@@ -73,6 +73,9 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = setting(
         "auto", "fp32, or bf16 (autocast, fp32 master weights); auto = bf16 where the hardware has it natively (CUDA, "
         "CPUs with AVX512-BF16/AMX), else fp32")
+    release_host_memory: bool = setting(
+        False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
+        "batches of varying shape do not grow RSS over a long run")
     # draft architecture
     num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)")
     intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)")

@@ -33,6 +33,7 @@ from eagle3_train.train.distributed import (
     destroy,
     init_distributed,
 )
+from eagle3_train.train.host_memory import malloc_trim
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
@@ -160,6 +161,7 @@ class Trainer:
         self.skipped_before = 0  # samples the sources skipped in earlier invocations (resume)
         self.skipped_now = 0  # ...in this one, summed over the ranks, in the steps trained and validations run
         self.timing = {"fetch_wait_s": 0.0, "train_s": 0.0}  # this invocation: waiting on the source, computing
+        self.release_host_memory = malloc_trim() if cfg.release_host_memory and self.device.type == "cpu" else None
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
     def metadata(self, status: str) -> dict[str, Any]:
@@ -431,6 +433,8 @@ class Trainer:
         micro, batches, skipped = next(feed)
         t_train = time.perf_counter()
         sums, tokens = self.train_step(micro, batches, skipped)
+        if self.release_host_memory is not None:
+            self.release_host_memory()
         self.timing["train_s"] += time.perf_counter() - t_train
         self.batch_in_epoch += self.micro_per_step
         self.step += 1
