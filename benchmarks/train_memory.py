@@ -1,11 +1,12 @@
 """Host memory of a long CPU training run under different allocators: where the anonymous RSS growth comes from and
 what stops it at what cost in speed.
 
-Each variant trains the same `--steps` steps on the equal-wall-clock data pool (benchmarks/out/wall_clock/data, made by
-equal_wall_clock.py) with our best CPU settings, one after the other with the same thread count, while this script
-samples /proc/PID/status. Variants: glibc's default malloc, glibc with a fixed mmap threshold, glibc with
-malloc_trim after every step (the trainer's `release_host_memory`), jemalloc and tcmalloc via LD_PRELOAD (Debian:
-apt-get install libjemalloc2 libtcmalloc-minimal4).
+Each variant (`default`: what `eagle3-train train` does by itself) trains the same `--steps` steps on the
+equal-wall-clock data pool (benchmarks/out/wall_clock/data, made by equal_wall_clock.py) with our best CPU settings,
+one after the other with the same thread count, while this script samples /proc/PID/status. Variants: glibc's malloc,
+with a fixed mmap threshold, with malloc_trim after every step (`train.release_host_memory`); oneDNN's primitive cache
+(one compiled kernel per matmul shape: batches of varying shape fill it) cut from 1024 to 16 entries; jemalloc and
+tcmalloc via LD_PRELOAD (Debian: apt-get install libjemalloc2 libtcmalloc-minimal4); and combinations.
 
   .venv/bin/python benchmarks/train_memory.py --steps 100
 Results: benchmarks/out/train_memory.json
@@ -27,11 +28,16 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "train_memory"
 LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
 VARIANTS: dict[str, dict[str, str]] = {
+    "default": {"EAGLE3_TRAIN_MALLOC": ""},
     "glibc": {},
     "glibc-mmap-threshold-128k": {"MALLOC_MMAP_THRESHOLD_": "131072"},
     "glibc-trim": {"release_host_memory": "true"},
+    "onednn-cache-16": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16"},
+    "onednn-cache-16+trim": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16", "release_host_memory": "true"},
     "jemalloc": {"LD_PRELOAD": str(LIBDIR / "libjemalloc.so.2")},
     "tcmalloc": {"LD_PRELOAD": str(LIBDIR / "libtcmalloc_minimal.so.4")},
+    "tcmalloc+onednn-cache-16": {"LD_PRELOAD": str(LIBDIR / "libtcmalloc_minimal.so.4"),
+                                 "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16"},
 }
 
 
@@ -57,7 +63,8 @@ def run_variant(name: str, steps: int, threads: int, interval: float) -> dict:
     out = OUT / name
     cmd = ours_command(out, overrides, max_steps=steps, save_every=None, log_every=10)
     cmd += ["--set", "train.checkpoint_every_minutes=0", "--set", "train.eval_every=100000"]
-    env = {**os.environ, **settings, "OMP_NUM_THREADS": str(threads)}
+    # variants name their allocator; "default" is what `eagle3-train train` picks by itself (utils/allocator.py)
+    env = {**os.environ, "EAGLE3_TRAIN_MALLOC": "system", **settings, "OMP_NUM_THREADS": str(threads)}
     t0 = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     samples = []
@@ -76,13 +83,12 @@ def run_variant(name: str, steps: int, threads: int, interval: float) -> dict:
     rate = None
     if len(half) >= 2 and "tokens_seen" in half[0] and "time" in half[0]:
         rate = (half[-1]["tokens_seen"] - half[0]["tokens_seen"]) / max(1e-9, half[-1]["time"] - half[0]["time"])
-    final = json.loads((out / "final" / "training_metadata.json").read_text()) if (out / "final").is_dir() else {}
     anon = [s["RssAnon"] for s in samples if "RssAnon" in s]
     q = len(anon) // 4
     return {
         "variant": name, "env": settings, "overrides": overrides, "steps": steps, "threads": threads,
         "wall_s": round(time.time() - t0, 1),
-        "tokens_per_s": final.get("result", {}).get("tokens_per_s") or rate,
+        "tokens_per_s": train[-1].get("tokens_per_s") if train else None,
         "steady_tokens_per_s": rate,
         "rss_anon_gib": {"first_quarter_max": round(max(anon[:q or 1]) / 2**20, 2),
                          "last_quarter_max": round(max(anon[-(q or 1):]) / 2**20, 2),

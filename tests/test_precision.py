@@ -34,3 +34,21 @@ def test_bad_values_are_named(monkeypatch):
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with pytest.raises(Eagle3InputError, match=f"{CPU_BF16_ENV} must be 1 or 0"):
         resolve_precision("auto", CPU)
+
+
+@pytest.mark.slow
+def test_extract_runs_the_verifier_in_bf16_where_the_cpu_multiplies_it(tmp_path, tiny_llama_dir, monkeypatch):
+    """extract's default compute dtype follows the same detection as `auto`; an explicit one is kept."""
+    from eagle3_train.data.prepare import prepare
+    from eagle3_train.hidden_states.extract import extract
+
+    verifier = tiny_llama_dir()
+    prepare("sharegpt", verifier, tmp_path / "prepared", max_length=64, limit=4, val_count=1)
+    for env, expected in (("1", "bfloat16"), ("0", "float32")):
+        monkeypatch.setenv(CPU_BF16_ENV, env)
+        manifest = extract(tmp_path / "prepared", verifier, tmp_path / f"hidden-{env}", dtype="float32")
+        assert manifest["compute_dtype"] == expected
+    monkeypatch.setenv(CPU_BF16_ENV, "1")
+    explicit = extract(tmp_path / "prepared", verifier, tmp_path / "hidden-explicit", dtype="float32",
+                       compute_dtype="float32")
+    assert explicit["compute_dtype"] == "float32"

@@ -49,6 +49,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own (not a call from Python): tune the heavy stages' host memory
+        from eagle3_train.utils.host_memory import prepare_process
+
+        prepare_process(next((a for a in sys.argv[1:] if a in STAGES), None), sys.argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

@@ -342,7 +342,10 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
         device, compute_dtype = "vllm", None
     else:
         device = resolve_device(device)
-        compute_dtype = compute_dtype or ("float32" if device == "cpu" else "bfloat16")
+        if not compute_dtype:  # bf16 where the hardware multiplies it natively, as train.precision's auto
+            from eagle3_train.train.precision import cpu_has_native_bf16
+
+            compute_dtype = "bfloat16" if device != "cpu" or cpu_has_native_bf16() else "float32"
         _torch_dtype(compute_dtype)  # a bad name fails before any output is touched
     bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
     if shard_tokens is None:

@@ -14,7 +14,7 @@ VERSION = 1
 def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,
                    status: str, progress: dict[str, Any], metrics: dict[str, Any],
                    source: dict[str, Any] | None = None, compute: dict[str, str] | None = None) -> dict[str, Any]:
-    """`compute`: the device and precision the run resolved (`auto` depends on the hardware)."""
+    """`compute`: the device and precision the run resolved (`auto` depends on the hardware), the host malloc."""
     pm = inputs.prepared_manifest
     return {
         "format": FORMAT,

@@ -33,7 +33,6 @@ from eagle3_train.train.distributed import (
     destroy,
     init_distributed,
 )
-from eagle3_train.train.host_memory import malloc_trim
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
@@ -42,6 +41,7 @@ from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.config import load_yaml
+from eagle3_train.utils.host_memory import active_allocator, malloc_trim
 from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, set_aside, write_json
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
@@ -171,7 +171,8 @@ class Trainer:
                                         "tokens": self.tokens_seen},
                               metrics={"train": self.last_train, "validation": self.last_val, "best": self.best},
                               source=self.source_record(),
-                              compute={"device": str(self.device), "precision": self.precision})
+                              compute={"device": str(self.device), "precision": self.precision,
+                                       "host_malloc": active_allocator()})
 
     def skipped_samples(self) -> int:
         """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
