@@ -131,7 +131,7 @@ def main() -> None:
         print("RESULT " + json.dumps(run_one(args.child, args.steps, args.threads)))
         return
     build_data(args.limit)
-    env = dict(os.environ)
+    env = {**os.environ, "EAGLE3_TRAIN_MALLOC": "system"}  # glibc: the threshold below makes RSS track live memory
     if not args.default_malloc:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     results = {"machine": {"cpu": cpu_model(), "nproc": os.cpu_count(), "platform": platform.platform(),

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3_train.utils.host_memory import compute_env
+
 OUT = Path(__file__).resolve().parent / "out" / "train-bench"
 
 
@@ -71,8 +73,10 @@ def cpu_model() -> str:
 
 
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run one setting in a fresh process (clean peak RSS) and return the JSON of its `RESULT ` line."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    """Run one setting in a fresh process (clean peak RSS) and return the JSON of its `RESULT ` line. Our children
+    get the host-memory environment `eagle3-train train` gives itself (tcmalloc, oneDNN cache; utils/host_memory.py);
+    EAGLE3_TRAIN_MALLOC=system measures without."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=compute_env(os.environ if env is None else env))
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         sys.exit(f"benchmark child failed:\n{proc.stderr[-3000:]}")

@@ -15,7 +15,13 @@ from safetensors.torch import load_file
 from stage_helpers import train_config
 
 from eagle3_train.train.trainer import train
-from eagle3_train.utils.host_memory import MALLOC_ENV, ONEDNN_CACHE_ENV, malloc_trim, tcmalloc_library
+from eagle3_train.utils.host_memory import (
+    MALLOC_ENV,
+    ONEDNN_CACHE_ENV,
+    compute_env,
+    malloc_trim,
+    tcmalloc_library,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim is Linux-only")
 
@@ -100,3 +106,16 @@ def test_children_get_the_users_preload_back_and_light_stages_are_left_alone():
     # a light stage changes nothing; a bound the user set wins
     assert _after_prepare("vocab", env) == ["None", "None"]
     assert _after_prepare("extract", {**env, MALLOC_ENV: "system", ONEDNN_CACHE_ENV: "64"}) == ["None", "'64'"]
+
+
+def test_compute_env_respects_a_users_allocator_and_the_opt_out():
+    base = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", MALLOC_ENV, ONEDNN_CACHE_ENV)}
+    own = compute_env({**base, "LD_PRELOAD": "/usr/lib/libjemalloc.so.2"})
+    assert own["LD_PRELOAD"] == "/usr/lib/libjemalloc.so.2" and own[ONEDNN_CACHE_ENV] == "16"
+    assert "LD_PRELOAD" not in compute_env({**base, MALLOC_ENV: "system"})
+    chosen = compute_env(base)
+    lib = tcmalloc_library()
+    if lib is not None and sys.platform.startswith("linux"):
+        assert chosen["LD_PRELOAD"] == lib and chosen[MALLOC_ENV] == "tcmalloc"
+    else:
+        assert "LD_PRELOAD" not in chosen

@@ -20,7 +20,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 MALLOC_ENV = "EAGLE3_TRAIN_MALLOC"  # "system": keep the C library's malloc; "tcmalloc" in the re-executed process
@@ -48,9 +48,23 @@ def active_allocator() -> str:
     return "tcmalloc" if "libtcmalloc" in maps else "system"
 
 
+def compute_env(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` with what a heavy stage runs best under: oneDNN's cache bounded and, on Linux where it is installed,
+    tcmalloc preloaded (not when MALLOC_ENV is set or the user preloads an allocator of their own)."""
+    env = dict(base)
+    env.setdefault(ONEDNN_CACHE_ENV, ONEDNN_CACHE)
+    preload = env.get("LD_PRELOAD", "")
+    if env.get(MALLOC_ENV) or not sys.platform.startswith("linux") or "malloc" in preload:
+        return env
+    lib = tcmalloc_library()
+    if lib is not None:
+        env.update({MALLOC_ENV: "tcmalloc", _PRELOAD_BEFORE: preload, "LD_PRELOAD": f"{lib} {preload}".strip()})
+    return env
+
+
 def prepare_process(stage: str | None, argv: list[str]) -> None:
     """At the start of an `eagle3-train` process: restore the children's environment after a re-exec; for a heavy
-    stage, bound oneDNN's cache and re-execute under tcmalloc (never returns then) where it can and need not."""
+    stage, take `compute_env`, re-executing under tcmalloc (never returns then) where it adds the preload."""
     if _PRELOAD_BEFORE in os.environ:
         before = os.environ.pop(_PRELOAD_BEFORE)
         if before:
@@ -59,15 +73,10 @@ def prepare_process(stage: str | None, argv: list[str]) -> None:
             os.environ.pop("LD_PRELOAD", None)
     if stage not in STAGES:
         return
-    os.environ.setdefault(ONEDNN_CACHE_ENV, ONEDNN_CACHE)
-    preload = os.environ.get("LD_PRELOAD", "")
-    if os.environ.get(MALLOC_ENV) or not sys.platform.startswith("linux") or "malloc" in preload:
-        return  # turned off, already re-executed, or the user preloads an allocator of their own
-    lib = tcmalloc_library()
-    if lib is None:
+    env = compute_env(os.environ)
+    if env.get("LD_PRELOAD", "") == os.environ.get("LD_PRELOAD", ""):
+        os.environ.update(env)
         return
-    env = {**os.environ, MALLOC_ENV: "tcmalloc", _PRELOAD_BEFORE: preload,
-           "LD_PRELOAD": f"{lib} {preload}".strip()}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "eagle3_train.cli", *argv], env)
