@@ -4,10 +4,11 @@ compiled matmul kernels oneDNN keeps, and handing freed heap pages back between 
 Measured on 2 CPU cores, 100 bf16 training steps over batches of varying shape (benchmarks/README.md, "Memory"):
 - glibc's malloc serves each step's large activations from fresh mmaps or a fragmenting heap: zeroed pages every step
   and an RSS that climbs for the whole run. Under tcmalloc, as PyTorch's CPU tuning guide advises, the same steps run
-  ~1.5x faster and the heap grows less. A library can only replace malloc before the process starts, so these stages
-  re-execute themselves once with tcmalloc in LD_PRELOAD when it is installed (Debian/Ubuntu: libtcmalloc-minimal4;
-  scripts/setup.sh installs it where apt can). Children (the vLLM servers, tools) get the user's LD_PRELOAD back.
-  EAGLE3_TRAIN_MALLOC=system keeps the C library's malloc.
+  ~1.5x faster and the heap grows less (vLLM's CPU backend preloads tcmalloc into its workers for the same reason).
+  A library can only replace malloc before the process starts, so these stages re-execute themselves once with
+  tcmalloc in LD_PRELOAD when it is installed (Debian/Ubuntu: libtcmalloc-minimal4; scripts/setup.sh installs it
+  where apt can). Children (the vLLM servers, tools) get the user's LD_PRELOAD back. EAGLE3_TRAIN_MALLOC=system keeps
+  the C library's malloc.
 - oneDNN caches a compiled kernel per matmul shape, 1024 by default: every new batch shape adds entries that hold
   memory. 16 entries cost no speed there and cut the growth by a third (ONEDNN_PRIMITIVE_CACHE_CAPACITY, if set, wins).
 - `train.release_host_memory`: malloc_trim after every step, for hosts that must stay on glibc (smaller RSS, ~7%
