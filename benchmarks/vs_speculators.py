@@ -4,7 +4,9 @@ Both trainers read the same prepared rows (our `prepare` output, turned into spe
 `prepared_to_pretok.py`), draft vocab 8192, 2048-token steps, AdamW, fp32 on CPU. Runs alternate (ours, theirs, ours,
 theirs, ...) so that both see the same machine load; each run is its own process (peak RSS = `ru_maxrss`). Tokens/s
 counts the non-padding tokens of the timed steps over their summed step time, the first (warm-up) step left out, as
-the anchor's `summarize.py` does for speculators.
+the anchor's `summarize.py` does for speculators. Ours runs with the host-memory environment `eagle3-train train`
+gives itself (tcmalloc where installed, src/eagle3_train/utils/host_memory.py), speculators as its CLI runs; start
+this script with LD_PRELOAD=libtcmalloc_minimal.so.4 to give both the same allocator.
 
   .venv/bin/python benchmarks/vs_speculators.py --ttt 3,7 --steps 20 --rounds 2
   (needs the anchor venv: bash ../shared/anchors/speculators/setup_venv.sh, ~3 min)
@@ -22,6 +24,8 @@ import time
 from pathlib import Path
 
 import train_throughput as ours
+
+from eagle3_train.utils.host_memory import compute_env
 
 HERE = Path(__file__).resolve().parent
 SPEC_WORK = HERE / "out" / "speculators"
@@ -76,6 +80,11 @@ def main() -> None:
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": {"cpu": ours.cpu_model(), "nproc": os.cpu_count()}, "data": manifest.get("counts"),
               "steps": args.steps, "rounds": args.rounds, "overrides": args.set, "speculators_knobs": args.spec,
+              # ours runs in the host-memory environment `eagle3-train train` gives itself (tcmalloc where installed);
+              # speculators in this script's own environment (LD_PRELOAD=... here preloads an allocator for both)
+              "ours_host_env": {k: v for k, v in compute_env(os.environ).items()
+                                if k in ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "EAGLE3_TRAIN_MALLOC")},
+              "speculators_ld_preload": os.environ.get("LD_PRELOAD"),
               "settings": []}
     for ttt in [int(x) for x in args.ttt.split(",")]:
         runs: dict[str, list[dict]] = {"eagle3-train": [], "speculators": []}
@@ -95,7 +104,9 @@ def main() -> None:
         result["settings"].append(row)
         print(f"TTT {ttt}: ours {med['eagle3-train']:.0f} tokens/s at {rss['eagle3-train']} GiB, speculators "
               f"{med['speculators']:.0f} tokens/s at {rss['speculators']} GiB: {row['speed_ratio']}x", flush=True)
-    tag = "-".join(x.replace("=", "_") for x in args.set + args.spec)
+    tag = "-".join([x.replace("=", "_") for x in args.set + args.spec]
+                   + (["preload_" + Path(os.environ["LD_PRELOAD"].split()[0]).name.split(".")[0]]
+                      if os.environ.get("LD_PRELOAD") else []))
     (HERE / "out" / f"vs_speculators{'-' + tag if tag else ''}.json").write_text(json.dumps(result, indent=2))
 
 
