@@ -39,7 +39,8 @@ def build_data(limit: int) -> None:
         prepare("sharegpt", "smollm2-135m-instruct", OUT / "prepared", max_length=512, limit=limit, val_count=8)
     if not (OUT / "vocab" / "vocab.safetensors").is_file():
         build_vocab(OUT / "prepared", OUT / "vocab", size=8192)
-    extract(OUT / "prepared", "smollm2-135m-instruct", OUT / "hidden-bf16", dtype="bfloat16")  # resumes
+    extract(OUT / "prepared", "smollm2-135m-instruct", OUT / "hidden-bf16", dtype="bfloat16",
+            compute_dtype="float32")  # resumes (float32 compute, as when the figures were measured)
 
 
 def fp8_copy(src: Path, dst: Path) -> dict:
