@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from stage_helpers import train_config
 
-from eagle3_train.train.trainer import train
+from eagle3_train.train.trainer import Trainer, train
 from eagle3_train.utils.host_memory import (
     MALLOC_ENV,
     ONEDNN_CACHE_ENV,
@@ -56,6 +56,11 @@ def test_malloc_trim_returns_freed_heap_pages_to_the_os():
 @pytest.mark.slow
 def test_release_host_memory_changes_no_result(tiny_stages, tmp_path):
     root, _ = tiny_stages
+    trimming = Trainer(train_config(root, tmp_path / "probe", max_steps=4, release_host_memory=True))
+    assert trimming.release_host_memory is not None  # the option really installs the per-step trim on this host
+    for data in (trimming.train_data, trimming.val_data):
+        if data is not None:
+            data.close()
     plain = train(train_config(root, tmp_path / "plain", max_steps=4))
     trimmed = train(train_config(root, tmp_path / "trimmed", max_steps=4, release_host_memory=True))
     a = load_file(str(tmp_path / "plain" / "final" / "model.safetensors"))

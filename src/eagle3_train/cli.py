@@ -35,12 +35,17 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 
+def chosen_stage(argv: list[str]) -> str | None:
+    """The subcommand named in `argv`, before parsing (only its module's arguments are added)."""
+    return next((a for a in argv if a in STAGES), None)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-train", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
-    chosen = next((a for a in argv if a in STAGES), None)
+    chosen = chosen_stage(argv)
     for name, (module, help_) in STAGES.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a process of its own (not a call from Python): tune the heavy stages' host memory
         from eagle3_train.utils.host_memory import prepare_process
 
-        prepare_process(next((a for a in sys.argv[1:] if a in STAGES), None), sys.argv[1:])
+        prepare_process(chosen_stage(sys.argv[1:]), sys.argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)

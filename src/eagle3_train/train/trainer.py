@@ -162,6 +162,7 @@ class Trainer:
         self.skipped_now = 0  # ...in this one, summed over the ranks, in the steps trained and validations run
         self.timing = {"fetch_wait_s": 0.0, "train_s": 0.0}  # this invocation: waiting on the source, computing
         self.release_host_memory = malloc_trim() if cfg.release_host_memory and self.device.type == "cpu" else None
+        self.host_malloc = active_allocator()  # fixed for the life of the process
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
     def metadata(self, status: str) -> dict[str, Any]:
@@ -172,7 +173,7 @@ class Trainer:
                               metrics={"train": self.last_train, "validation": self.last_val, "best": self.best},
                               source=self.source_record(),
                               compute={"device": str(self.device), "precision": self.precision,
-                                       "host_malloc": active_allocator()})
+                                       "host_malloc": self.host_malloc})
 
     def skipped_samples(self) -> int:
         """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
