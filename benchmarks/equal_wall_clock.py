@@ -198,7 +198,14 @@ def main() -> None:
     p.add_argument("--anchor", type=Path, default=HERE.parent.parent / "shared" / "anchors" / "speculators")
     p.add_argument("--venv", type=Path, default=Path("/tmp/anchors/specvenv"))
     p.add_argument("--serve-only", action="store_true", help="measure the drafts of an earlier run")
+    p.add_argument("--prepare-only", action="store_true", help="build both trainers' data for the pool, then stop")
+    p.add_argument("--work", type=Path, default=WORK, help="run directory (data, runs, vLLM logs)")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    p.add_argument("--png", type=Path, default=HERE / "equal_wall_clock.png")
     args = p.parse_args()
+    global WORK, DATA, SPEC, RESULTS
+    WORK, RESULTS = args.work.resolve(), args.results.resolve()
+    DATA, SPEC = WORK / "data", WORK / "speculators"
     overrides = args.ours or OURS_BEST
     if not args.serve_only:
         build_data(args.limit, DATA)
@@ -212,6 +219,8 @@ def main() -> None:
         if not (SPEC / "runs" / "data" / "summary.json").is_file():
             subprocess.run(["bash", str(args.anchor / "bench.sh")], check=True, capture_output=True,
                            env=spec_env(args.anchor, args.venv, "data", 2, os.cpu_count() or 1))
+        if args.prepare_only:
+            return
         print("probe: both trainers side by side ...", flush=True)
         if not ((WORK / "probe-ours" / "final").is_dir() and (SPEC / "runs" / "probe" / "summary.json").is_file()):
             side_by_side(ours_command(WORK / "probe-ours", overrides, args.probe_steps, None, log_every=2),
@@ -274,7 +283,7 @@ def main() -> None:
                                  / results["speculators"]["vllm"][m]["mean_acceptance_length"], 3)
                         for m, _, _ in MEASURES}
     write_json(RESULTS, results)
-    plot(results, HERE / "equal_wall_clock.png")
+    plot(results, args.png)
     print(json.dumps({"ratio": results["ratio"], "probe": results.get("probe")}, indent=1))
 
 
