@@ -188,6 +188,7 @@ def plot(results: dict, png: Path) -> None:
 
 
 def main() -> None:
+    global WORK, DATA, SPEC, RESULTS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--limit", type=int, default=1000, help="ShareGPT conversations in the pool")
@@ -203,7 +204,6 @@ def main() -> None:
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--png", type=Path, default=HERE / "equal_wall_clock.png")
     args = p.parse_args()
-    global WORK, DATA, SPEC, RESULTS
     WORK, RESULTS = args.work.resolve(), args.results.resolve()
     DATA, SPEC = WORK / "data", WORK / "speculators"
     overrides = args.ours or OURS_BEST
