@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eagle3_train.model.config import DraftConfig
-from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.draft import DraftAttention, Eagle3Draft
 
 
 def tiny_config(**kw) -> DraftConfig:
@@ -44,7 +44,9 @@ def chain_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: in
 
 @pytest.mark.parametrize("options", [{}, {"norm_before_residual": True}, {"norm_output": True, "norm_before_fc": True},
                                      {"fc_norm": True}, {"num_layers": 2}])
-def test_ttt_matches_chain_decoding(options):
+@pytest.mark.parametrize("query_block", [None, 5])  # one SDPA call per step; blocks of 5 queries, the last ragged
+def test_ttt_matches_chain_decoding(options, query_block, monkeypatch):
+    monkeypatch.setattr(DraftAttention, "ttt_query_block", query_block)
     torch.manual_seed(0)
     model = Eagle3Draft(tiny_config(**options)).eval()
     L, steps = 12, 4
@@ -73,6 +75,29 @@ def test_padding_does_not_change_valid_positions():
     for j in range(3):
         n = 9 - 2 - j  # positions whose inputs lie inside the unpadded sample
         torch.testing.assert_close(batched[j][0, :n], alone[j][0, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_query_blocks_give_the_same_outputs_and_gradients(monkeypatch):
+    """Blocked TTT attention is the one-call attention computed in pieces: same logits, same weight gradients, on a
+    right-padded batch."""
+    torch.manual_seed(2)
+    model = Eagle3Draft(tiny_config(num_layers=2))
+    aux, ids = torch.randn(2, 23, 192), torch.randint(0, 200, (2, 23))
+    aux[0, 15:], ids[0, 15:] = 0, 0
+    results = []
+    for block in (None, 4, 7):
+        monkeypatch.setattr(DraftAttention, "ttt_query_block", block)
+        model.zero_grad()
+        logits = ttt_logits(model, aux, ids, 5)
+        sum((x * torch.linspace(-1, 1, x.shape[-1])).sum() for x in logits).backward()
+        results.append(([x.detach() for x in logits], {n: p.grad.clone() for n, p in model.named_parameters()
+                                                       if p.grad is not None}))
+    for logits, grads in results[1:]:
+        for a, b in zip(logits, results[0][0]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert grads.keys() == results[0][1].keys()
+        for name, g in grads.items():
+            torch.testing.assert_close(g, results[0][1][name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_ttt_gradients_flow_to_all_trainable_weights():

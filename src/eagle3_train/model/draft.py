@@ -48,6 +48,8 @@ class LayerTTTCache:
 
 
 class DraftAttention(nn.Module):
+    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0; None: L/8, at least 64
+
     def __init__(self, cfg: DraftConfig, in_features: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -76,15 +78,23 @@ class DraftAttention(nn.Module):
         cache.k_diag.append(k)
         cache.v_diag.append(v)
         # Step j: keys are the step-0 sequence (causal) plus, per later step, the key at the query's own position.
-        # One fused SDPA call over the concatenated keys with a block mask [causal | I | ... | I]: the CPU flash
-        # kernel keeps no L x L probability matrix for the backward pass, unlike an explicit softmax.
+        # Fused SDPA calls over the concatenated keys with a block mask [causal | I | ... | I]: the CPU flash kernel
+        # keeps no L x L probability matrix for the backward pass, unlike an explicit softmax. A mask stops the
+        # kernel from skipping the causal upper triangle, and one call over all L queries scores L x L(j+1) keys, most
+        # of them masked; so the queries go in blocks, each against the prefix up to its end and the diagonal keys of
+        # its own rows only: L^2/2 + L*block*j scores instead of L^2 (j+1) (4x less attention work at TTT 7).
         L = q.shape[2]
-        keys = torch.cat([cache.k0, *cache.k_diag], dim=2)
-        values = torch.cat([cache.v0, *cache.v_diag], dim=2)
-        causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-        eye = torch.eye(L, dtype=torch.bool, device=q.device)
-        mask = torch.cat([causal] + [eye] * len(cache.k_diag), dim=1)
-        return self._out(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True))
+        block = self.ttt_query_block or max(64, -(-L // 8))
+        outs = []
+        for s in range(0, L, block):
+            e = min(s + block, L)
+            keys = torch.cat([cache.k0[:, :, :e], *(kd[:, :, s:e] for kd in cache.k_diag)], dim=2)
+            values = torch.cat([cache.v0[:, :, :e], *(vd[:, :, s:e] for vd in cache.v_diag)], dim=2)
+            causal = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
+            eye = torch.eye(e - s, dtype=torch.bool, device=q.device)
+            mask = torch.cat([causal] + [eye] * len(cache.k_diag), dim=1)
+            outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=mask, enable_gqa=True))
+        return self._out(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
 
     def cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
