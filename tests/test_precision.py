@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3_train.train.precision import CPU_BF16_ENV, cpu_has_native_bf16, resolve_precision
+from eagle3_train.train.precision import resolve_precision
+from eagle3_train.utils.hardware import CPU_BF16_ENV, cpu_has_native_bf16
 from eagle3_train.utils.io import Eagle3InputError
 
 CPU = torch.device("cpu")

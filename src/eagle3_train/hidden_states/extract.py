@@ -343,7 +343,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     else:
         device = resolve_device(device)
         if not compute_dtype:  # bf16 where the hardware multiplies it natively, as train.precision's auto
-            from eagle3_train.train.precision import cpu_has_native_bf16
+            from eagle3_train.utils.hardware import cpu_has_native_bf16
 
             compute_dtype = "bfloat16" if device != "cpu" or cpu_has_native_bf16() else "float32"
         _torch_dtype(compute_dtype)  # a bad name fails before any output is touched

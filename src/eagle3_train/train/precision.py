@@ -9,26 +9,13 @@ targets stay fp32 (train/targets.py). The precision a run used is recorded in it
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
 
+from eagle3_train.utils.hardware import cpu_has_native_bf16
 from eagle3_train.utils.io import Eagle3InputError
 
 PRECISIONS = ("auto", "fp32", "bf16")
-CPU_BF16_ENV = "EAGLE3_TRAIN_CPU_BF16"  # 1/0: take or refuse the CPU's bf16 under `auto` (default: detect)
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX tiles; the EAGLE3_TRAIN_CPU_BF16 environment variable (1/0) overrides the detection."""
-    forced = os.environ.get(CPU_BF16_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    if forced:
-        raise Eagle3InputError(f"{CPU_BF16_ENV} must be 1 or 0 (or unset: detect), got '{forced}'")
-    cpu = getattr(torch, "cpu", None)  # private probes: absent in some builds, then no native bf16 is assumed
-    probes = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(bool(p()) for p in probes if p is not None)
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
