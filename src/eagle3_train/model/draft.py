@@ -48,7 +48,7 @@ class LayerTTTCache:
 
 
 class DraftAttention(nn.Module):
-    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0; None: L/8, at least 64
+    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0; None: L/4, at least 128
 
     def __init__(self, cfg: DraftConfig, in_features: int):
         super().__init__()
@@ -82,9 +82,11 @@ class DraftAttention(nn.Module):
         # keeps no L x L probability matrix for the backward pass, unlike an explicit softmax. A mask stops the
         # kernel from skipping the causal upper triangle, and one call over all L queries scores L x L(j+1) keys, most
         # of them masked; so the queries go in blocks, each against the prefix up to its end and the diagonal keys of
-        # its own rows only: L^2/2 + L*block*j scores instead of L^2 (j+1) (4x less attention work at TTT 7).
+        # its own rows only: ~L^2 (5/8 + j/4) scores with 4 blocks instead of L^2 (j+1), 3x less at TTT 7. Each block
+        # keeps its own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks
+        # would save little more time for more memory (benchmarks/README.md).
         L = q.shape[2]
-        block = self.ttt_query_block or max(64, -(-L // 8))
+        block = self.ttt_query_block or max(128, -(-L // 4))
         outs = []
         for s in range(0, L, block):
             e = min(s + block, L)
