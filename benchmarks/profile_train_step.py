@@ -40,7 +40,8 @@ def phases(trainer: Trainer, micro: list[list[int]]) -> dict[str, float]:
         with record_function("verifier_targets"):
             targets = verifier_targets(b.final, b.loss_mask, trainer.inputs.lm_head_on(trainer.device),
                                        trainer.model.draft_token_ids(), trainer.model.t2d,
-                                       trainer.inputs.logit_transform)
+                                       trainer.inputs.logit_transform, full_argmax=b.verifier_argmax,
+                                       full_lse=b.verifier_lse)  # the stored full-vocab stats, as the trainer does
         t["targets"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         with record_function("ttt_forward"):
