@@ -1,8 +1,10 @@
-"""Later-step TTT attention: explicit softmax over [prefix scores | diagonal scores] vs one masked SDPA call over
-concatenated keys (what `DraftAttention.ttt` does now). Same outputs; prints time and peak RSS of fwd+bwd over 7 steps.
+"""Later-step TTT attention: explicit softmax over [prefix scores | diagonal scores], one masked SDPA call over
+concatenated keys, and masked SDPA calls per query block (`model.draft.ttt_attention`, what the draft runs now). Same
+outputs; prints time and peak RSS of fwd+bwd over 7 steps, one process per variant.
 
   .venv/bin/python benchmarks/ttt_attention_memory.py explicit
   .venv/bin/python benchmarks/ttt_attention_memory.py sdpa
+  .venv/bin/python benchmarks/ttt_attention_memory.py blocks
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from eagle3_train.model.draft import ttt_attention
 
 B, H, KVH, L, D, STEPS = 4, 9, 3, 512, 64, 7
 
@@ -35,15 +39,20 @@ def sdpa(q, k0, v0, kd, vd):
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
+def blocks(q, k0, v0, kd, vd):
+    return ttt_attention(q, k0, v0, kd, vd)
+
+
 def main() -> None:
-    fn = {"explicit": explicit, "sdpa": sdpa}[sys.argv[1] if len(sys.argv) > 1 else "sdpa"]
+    fn = {"explicit": explicit, "sdpa": sdpa, "blocks": blocks}[sys.argv[1] if len(sys.argv) > 1 else "blocks"]
     torch.manual_seed(0)
     q = [torch.randn(B, H, L, D, requires_grad=True) for _ in range(STEPS)]
     k = [torch.randn(B, KVH, L, D, requires_grad=True) for _ in range(STEPS)]
     v = [torch.randn(B, KVH, L, D, requires_grad=True) for _ in range(STEPS)]
     with torch.no_grad():
-        torch.testing.assert_close(explicit(q[3], k[0], v[0], k[1:4], v[1:4]), sdpa(q[3], k[0], v[0], k[1:4], v[1:4]),
-                                   rtol=1e-4, atol=1e-5)
+        for other in (sdpa, blocks):
+            torch.testing.assert_close(explicit(q[3], k[0], v[0], k[1:4], v[1:4]),
+                                       other(q[3], k[0], v[0], k[1:4], v[1:4]), rtol=1e-4, atol=1e-5)
     t0 = time.perf_counter()
     total = sum(fn(q[j], k[0], v[0], k[1:j + 1], v[1:j + 1]).sum() for j in range(1, STEPS))
     total.backward()

@@ -47,8 +47,34 @@ class LayerTTTCache:
     v_diag: list[torch.Tensor] = field(default_factory=list)
 
 
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, k_diag: list[torch.Tensor],
+                  v_diag: list[torch.Tensor], query_block: int | None = None) -> torch.Tensor:
+    """Attention of TTT step j = len(k_diag) >= 1: queries q [B, h, L, d] see the step-0 keys k0 [B, kvh, L, d]
+    causally plus, per later step, the key at their own position (k_diag[i] [B, kvh, L, d]).
+
+    Fused SDPA calls over concatenated keys with a block mask [causal | I | ... | I]: the CPU flash kernel keeps no
+    L x L probability matrix for backward, unlike an explicit softmax. A mask stops the kernel from skipping the causal
+    upper triangle, and one call over all L queries scores L x L(j+1) keys, most of them masked; so the queries go in
+    blocks (`query_block`, default L/4 and at least 128), each against the prefix up to its end and its own rows'
+    diagonal keys: ~L^2 (5/8 + j/4) scores with 4 blocks instead of L^2 (j+1), 3x less at TTT 7. Each block keeps its
+    own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks would save little
+    more time for more memory (benchmarks/README.md, `ttt_attention_memory.py`)."""
+    L = q.shape[2]
+    block = query_block or max(128, -(-L // 4))
+    outs = []
+    for s in range(0, L, block):
+        e = min(s + block, L)
+        keys = torch.cat([k0[:, :, :e], *(kd[:, :, s:e] for kd in k_diag)], dim=2)
+        values = torch.cat([v0[:, :, :e], *(vd[:, :, s:e] for vd in v_diag)], dim=2)
+        causal = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
+        eye = torch.eye(e - s, dtype=torch.bool, device=q.device)
+        mask = torch.cat([causal] + [eye] * len(k_diag), dim=1)
+        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=mask, enable_gqa=True))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
 class DraftAttention(nn.Module):
-    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0; None: L/4, at least 128
+    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0 (`ttt_attention`)
 
     def __init__(self, cfg: DraftConfig, in_features: int):
         super().__init__()
@@ -77,26 +103,7 @@ class DraftAttention(nn.Module):
             return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
         cache.k_diag.append(k)
         cache.v_diag.append(v)
-        # Step j: keys are the step-0 sequence (causal) plus, per later step, the key at the query's own position.
-        # Fused SDPA calls over the concatenated keys with a block mask [causal | I | ... | I]: the CPU flash kernel
-        # keeps no L x L probability matrix for the backward pass, unlike an explicit softmax. A mask stops the
-        # kernel from skipping the causal upper triangle, and one call over all L queries scores L x L(j+1) keys, most
-        # of them masked; so the queries go in blocks, each against the prefix up to its end and the diagonal keys of
-        # its own rows only: ~L^2 (5/8 + j/4) scores with 4 blocks instead of L^2 (j+1), 3x less at TTT 7. Each block
-        # keeps its own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks
-        # would save little more time for more memory (benchmarks/README.md).
-        L = q.shape[2]
-        block = self.ttt_query_block or max(128, -(-L // 4))
-        outs = []
-        for s in range(0, L, block):
-            e = min(s + block, L)
-            keys = torch.cat([cache.k0[:, :, :e], *(kd[:, :, s:e] for kd in cache.k_diag)], dim=2)
-            values = torch.cat([cache.v0[:, :, :e], *(vd[:, :, s:e] for vd in cache.v_diag)], dim=2)
-            causal = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
-            eye = torch.eye(e - s, dtype=torch.bool, device=q.device)
-            mask = torch.cat([causal] + [eye] * len(cache.k_diag), dim=1)
-            outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=mask, enable_gqa=True))
-        return self._out(outs[0] if len(outs) == 1 else torch.cat(outs, dim=2))
+        return self._out(ttt_attention(q, cache.k0, cache.v0, cache.k_diag, cache.v_diag, self.ttt_query_block))
 
     def cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
