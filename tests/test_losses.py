@@ -9,7 +9,7 @@ import pytest
 import torch
 from stage_helpers import train_config
 
-from eagle3_train.train.losses import LOSSES, acceptance, row_loss
+from eagle3_train.train.losses import LOSSES, acceptance, row_loss, soft_cross_entropy
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
@@ -78,6 +78,27 @@ def test_hybrid_reduces_to_its_parts(lk):
     assert torch.equal(row_loss(log_q, p, f"kl+{lk}", 0.0), row_loss(log_q, p, lk))
     mid = row_loss(log_q, p, f"kl+{lk}", 0.25)
     assert torch.allclose(mid, 0.25 * row_loss(log_q, p, "ce") + 0.75 * row_loss(log_q, p, lk))
+
+
+@pytest.mark.parametrize("p_sum", [1.0, 0.7])  # the renormalised targets, and rows that do not sum to 1
+def test_fused_cross_entropy_has_the_loss_and_gradients_of_autograd(p_sum):
+    p, logits = toy(7, rows=6, vocab=11)
+    p = p * p_sum
+    weights = torch.linspace(-1.0, 2.0, p.shape[0])  # a non-uniform upstream gradient
+    ref_logits = logits.clone().requires_grad_(True)
+    ref = row_loss(torch.log_softmax(ref_logits, -1), p, "ce")
+    (ref * weights).sum().backward()
+    fused_logits = logits.clone().requires_grad_(True)
+    loss, q = soft_cross_entropy(fused_logits, p)
+    (loss * weights).sum().backward()
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(q, torch.softmax(logits, -1))
+    torch.testing.assert_close(fused_logits.grad, ref_logits.grad, rtol=1e-5, atol=1e-6)
+    assert not q.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the loss stays float32 under the trainer's bf16 autocast
+        loss_bf16, _ = soft_cross_entropy(logits, p)
+    assert loss_bf16.dtype == torch.float32
+    torch.testing.assert_close(loss_bf16, ref.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_verifier_mass_on_the_draft_vocab():

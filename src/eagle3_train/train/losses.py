@@ -38,6 +38,34 @@ def acceptance(p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, log_q.exp()).sum(-1)
 
 
+class _SoftCrossEntropy(torch.autograd.Function):
+    """−Σ p log softmax(z) per row, and q = softmax(z), with the gradient g·(q·Σp − p) in one pass over [N, V]:
+    autograd would run a product backward and a log-softmax backward (which takes the exp again). q is what it keeps
+    for backward, and what the acceptance metrics read, so the [N, V] exp is taken once per TTT step."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(logits.device.type, enabled=False):  # bmm would run in bf16 under autocast
+            log_q = torch.log_softmax(logits, dim=-1)
+            loss = -torch.bmm(p.unsqueeze(1), log_q.unsqueeze(2)).view(-1)  # row dot products, no [N, V] product
+            q = log_q.exp_()
+        ctx.save_for_backward(q, p, p.sum(-1, keepdim=True))
+        ctx.mark_non_differentiable(q)
+        return loss, q
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_q: torch.Tensor) -> tuple[torch.Tensor, None]:
+        q, p, p_sum = ctx.saved_tensors
+        g = grad.unsqueeze(-1)
+        return (q * (p_sum * g)).addcmul_(p, g, value=-1), None
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`ce` loss per row, the draft's distribution q) for float32 logits [N, Vd] and targets p [N, Vd] of the same
+    dtype: the loss and gradients of `row_loss(log_softmax(logits), p, "ce")`, with less work (`_SoftCrossEntropy`)."""
+    return _SoftCrossEntropy.apply(logits, p)
+
+
 def row_loss(log_q: torch.Tensor, p: torch.Tensor, name: str = "ce", mix: float = 0.5) -> torch.Tensor:
     """Loss per row for the draft's log-probabilities log_q [N, Vd] and the target distribution p [N, Vd]."""
     p = p.to(log_q.dtype)
