@@ -203,6 +203,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=WORK, help="run directory (data, runs, vLLM logs)")
     p.add_argument("--results", type=Path, default=RESULTS)
     p.add_argument("--png", type=Path, default=HERE / "equal_wall_clock.png")
+    p.add_argument("--ours-steps", type=int, help="our optimizer steps (default: from the probe)")
+    p.add_argument("--spec-steps", type=int, help="speculators' optimizer steps (default: from the probe)")
     args = p.parse_args()
     WORK, RESULTS = args.work.resolve(), args.results.resolve()
     DATA, SPEC = WORK / "data", WORK / "speculators"
@@ -231,12 +233,19 @@ def main() -> None:
         o_steps, s_steps = math.floor(budget * o_rate / o_step), math.floor(budget * s_rate / s_step)
         results["probe"] = {"ours_tokens_per_s": round(o_rate, 1), "speculators_tokens_per_s": round(s_rate, 1),
                             "ours_steps": o_steps, "speculators_steps": s_steps}
+        # a short probe can misjudge a trainer's steady pace (warm-up of per-shape kernels): budgets set by hand
+        if args.ours_steps or args.spec_steps:
+            o_steps, s_steps = args.ours_steps or o_steps, args.spec_steps or s_steps
+            results["probe"]["budgets_set_by_hand"] = {"ours_steps": o_steps, "speculators_steps": s_steps}
         print(f"probe: {results['probe']}", flush=True)
         write_json(RESULTS, results)
         spec_cmd = ["bash", str(args.anchor / "bench.sh")]
-        runs = side_by_side(ours_command(WORK / "ours", overrides, o_steps, max(1, o_steps // 3)),
-                            WORK / "ours.log", spec_cmd, spec_env(args.anchor, args.venv, "wall", s_steps, 1),
-                            WORK / "spec.log")
+        if not (WORK / "runs.json").is_file():  # (wall time and peak RSS of each process; written by hand if the
+            # two ran apart, e.g. ours restarted with a budget set by hand)
+            write_json(WORK / "runs.json", side_by_side(
+                ours_command(WORK / "ours", overrides, o_steps, max(1, o_steps // 3)), WORK / "ours.log", spec_cmd,
+                spec_env(args.anchor, args.venv, "wall", s_steps, 1), WORK / "spec.log"))
+        runs = read_json(WORK / "runs.json")
         s = spec_summary("wall")
         train_meta = read_json(WORK / "ours" / "training_metadata.json")
         o_rate, _ = ours_rate(WORK / "ours" / "metrics.jsonl")
