@@ -185,13 +185,15 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
 
     Per decoder layer and TTT step: the RMSNorms keep their fp32 input and normalised output; q/k/v keep their input
     (under autocast one bf16 cast per projection, in fp32 one shared tensor); SDPA keeps q, its output and the keys and
-    values it read, which at step j are the step-0 sequence plus one key per later step ((j+1)*N rows, a new tensor
-    per step); o_proj keeps its input; the MLP keeps its input only (recomputed in backward) or its four [N, I]
-    activations. The loss keeps the gathered [R, H] rows (recomputed) or its [R, Vd] logits and log-softmax."""
+    values it read: at step j, per query block, the step-0 keys up to the block's end plus one key per later step for
+    its own rows (a new tensor per block); o_proj keeps its input; the MLP keeps its input only (recomputed in
+    backward) or its four [N, I] activations. The loss keeps the gathered [R, H] rows (recomputed) or two [R, Vd]
+    tensors (the targets gathered for the step and the draft's softmax)."""
     H, Q = d.hidden_size, d.num_attention_heads * d.head_dim
     K, inter = d.num_key_value_heads * d.head_dim, d.intermediate_size
     a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
     qkv_copies = 3 if bf16 else 1
+    T = max(128, -(-L // 4))  # queries per block, as ttt_attention's default
     t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_mask": 0,
          "o_proj_input": 0, "mlp": 0, "loss": 0}
     for j in range(steps):
@@ -203,8 +205,12 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
             t["norms"] += (3 if first else 2) * N * H * 4
             t["qkv_inputs"] += qkv_copies * N * (2 * H if first else H) * a
             t["attention_q_out"] += 2 * N * Q * a
-            t["attention_kv"] += 2 * (j + 1) * N * K * a
-            t["attention_mask"] += L * (j + 1) * L if j else 0  # bool [L, (j+1)L]
+            if j == 0:
+                t["attention_kv"] += 2 * N * K * a
+            else:  # query blocks (model.draft.ttt_attention): each keeps the prefix up to its end + its diagonal keys
+                blocks = [(min(b + T, L), min(b + T, L) - b) for b in range(0, L, T)]
+                t["attention_kv"] += 2 * N // L * sum(e + j * n for e, n in blocks) * K * a
+                t["attention_mask"] += sum(n * (e + j * n) for e, n in blocks)  # bool [block, end + j*block]
             t["o_proj_input"] += N * Q * a
             t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * inter * a)
         t["loss"] += R * H * 4 if checkpoint_loss else R * H * 4 + 2 * R * Vd * 4
@@ -239,15 +245,16 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     # Transients, one at a time: the targets' chunked full-vocab logits (1024 rows, argmax only) before the forward;
     # the end of the forward (the K/V caches of steps >= 1, alive until ttt_forward returns, plus the last step's loss);
     # the start of the backward (the recomputed loss of the last step); the gradient all-reduce buffer (DDP).
-    # The loss (ttt._head_loss) holds four [R, Vd] fp32 tensors at once: logits, log-softmax, the gathered targets and
-    # their product in the forward; log-softmax, targets, the product's gradient and the logits' gradient in backward.
+    # The loss (ttt._head_loss) holds four [R, Vd] fp32 tensors at once in the forward: the draft's softmax, the
+    # gathered targets and the alpha metric's two temporaries (the logits and log-softmax before them are three); three
+    # in backward: softmax, targets and the logits' gradient (train/losses.py, soft_cross_entropy).
     # Under autocast the fp32 lm_head (and its draft rows) are cast to bf16 for each chunk's matmul: not leaves that
     # need grad, so autocast does not cache them, and a [V, H] bf16 copy exists while a chunk runs.
     chunk = min(1024, R)
     targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     if bf16:
         targets_tmp += 2 * V * Ht + 2 * Vd * Ht
-    loss_fwd = loss_bwd = 4 * R * Vd * 4
+    loss_fwd, loss_bwd = 4 * R * Vd * 4, 3 * R * Vd * 4
     kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
                     for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]

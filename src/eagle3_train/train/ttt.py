@@ -81,18 +81,18 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
     """
-    logits = model.logits(hidden).float()
     p = all_probs[rows].float()
     # The loss first: recomputing for backward stops once the last tensor backward needs is recomputed (checkpoint
-    # early stop), so the metrics below are computed once, not twice.
+    # early stop), so the metrics below are computed once, not twice. No name holds the logits: backward does not
+    # need them, so they are freed before the metrics' [rows, Vd] temporaries exist.
     if loss == "ce":
-        per_row, q = soft_cross_entropy(logits, p)
+        per_row, q = soft_cross_entropy(model.logits(hidden).float(), p)
     else:
-        log_q = torch.log_softmax(logits, dim=-1)
+        log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
         per_row, q = row_loss(log_q, p, loss, loss_mix), log_q.detach().exp()
     loss_sum = (per_row * valid).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
-        draft_argmax = logits.argmax(-1)
+        draft_argmax = q.argmax(-1)
         p_full = p * in_mass[rows].unsqueeze(-1)
         alpha_sum = torch.minimum(p_full, q).sum()  # α = Σ min(p, q), as losses.acceptance
         p_draft_sum = p_full.gather(-1, draft_argmax.unsqueeze(-1)).sum()
