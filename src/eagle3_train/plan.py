@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.model.config import default_ttt_query_block
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -193,7 +194,7 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     K, inter = d.num_key_value_heads * d.head_dim, d.intermediate_size
     a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
     qkv_copies = 3 if bf16 else 1
-    T = max(128, -(-L // 4))  # queries per block, as ttt_attention's default
+    T = default_ttt_query_block(L)
     t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_mask": 0,
          "o_proj_input": 0, "mlp": 0, "loss": 0}
     for j in range(steps):

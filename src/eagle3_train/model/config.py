@@ -138,3 +138,9 @@ class DraftConfig:
 
 def dump_config(cfg: DraftConfig) -> str:
     return json.dumps(cfg.to_dict(), indent=2)
+
+
+def default_ttt_query_block(seq_len: int) -> int:
+    """Queries per SDPA call at TTT steps j > 0 (`model.draft.ttt_attention`; the memory planner counts by it): four
+    blocks, at least 128 queries each."""
+    return max(128, -(-seq_len // 4))

@@ -23,7 +23,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.config import DraftConfig, default_ttt_query_block
 
 
 def llama_config(cfg: DraftConfig) -> LlamaConfig:
@@ -60,7 +60,7 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, k_diag: l
     own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks would save little
     more time for more memory (benchmarks/README.md, `ttt_attention_memory.py`)."""
     L = q.shape[2]
-    block = query_block or max(128, -(-L // 4))
+    block = query_block or default_ttt_query_block(L)
     outs = []
     for s in range(0, L, block):
         e = min(s + block, L)

@@ -33,9 +33,9 @@ def check_loss(name: str, mix: float) -> None:
                                f"got {mix}")
 
 
-def acceptance(p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
-    """α per row: Σ min(p, q) over the last dim."""
-    return torch.minimum(p, log_q.exp()).sum(-1)
+def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """α per row: Σ min(p, q) over the last dim (q: the draft's probabilities)."""
+    return torch.minimum(p, q).sum(-1)
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
@@ -71,7 +71,7 @@ def row_loss(log_q: torch.Tensor, p: torch.Tensor, name: str = "ce", mix: float 
     p = p.to(log_q.dtype)
     if name == "ce":
         return -(p * log_q).sum(-1)
-    alpha = acceptance(p, log_q)
+    alpha = acceptance(p, log_q.exp())
     lk = 1.0 - alpha if name in ("tv", "kl+tv") else -torch.log(alpha.clamp(min=_NLA_FLOOR))
     if name in ("tv", "nla") or mix == 0.0:  # mix 0: skip the CE term's work, exactly the LK loss
         return lk

@@ -20,7 +20,7 @@ import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
-from eagle3_train.train.losses import row_loss, soft_cross_entropy
+from eagle3_train.train.losses import acceptance, row_loss, soft_cross_entropy
 from eagle3_train.train.targets import Targets
 
 
@@ -94,7 +94,7 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
         draft_argmax = q.argmax(-1)
         p_full = p * in_mass[rows].unsqueeze(-1)
-        alpha_sum = torch.minimum(p_full, q).sum()  # α = Σ min(p, q), as losses.acceptance
+        alpha_sum = acceptance(p_full, q).sum()
         p_draft_sum = p_full.gather(-1, draft_argmax.unsqueeze(-1)).sum()
     return loss_sum, draft_argmax, alpha_sum, p_draft_sum
 
