@@ -310,6 +310,16 @@ def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_
     assert not out.exists(), "nothing may be written before the disk check"
 
 
+def test_default_disk_margin_is_a_tenth_of_the_estimate_capped_at_one_gib(monkeypatch):
+    from eagle3_train.hidden_states.extract import _disk_margin
+
+    monkeypatch.delenv("EAGLE3_TRAIN_DISK_MARGIN_BYTES", raising=False)
+    # a 30 MB test extraction must not need 1 GiB free; a 100 GiB one keeps 1 GiB for its checkpoints
+    assert _disk_margin(None, 30 * 2**20) == 3 * 2**20
+    assert _disk_margin(None, 100 * 2**30) == 2**30
+    assert _disk_margin(0, 100 * 2**30) == 0
+
+
 @pytest.mark.slow
 def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_prepared):
     out = tmp_path / "hs"

@@ -65,7 +65,9 @@ FORMAT = "eagle3-train-hidden-states"
 FORMAT_VERSION = 1
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
 DISK_MARGIN_ENV = "EAGLE3_TRAIN_DISK_MARGIN_BYTES"
-DEFAULT_DISK_MARGIN = 2**30  # free space left over after the estimate, for index files and other jobs
+# Free space left over after the estimate, for index files and other jobs: a tenth of the estimate, at most 1 GiB,
+# so a small job on a nearly full disk still runs and a large one keeps room for its checkpoints.
+DEFAULT_DISK_MARGIN = 2**30
 REQUIRED_COLUMNS = ("id", "input_ids", "length")
 # Settings that change the stored numbers or the shard layout: a resume must match them exactly.
 RESUME_KEYS = ("layer_ids", "dtype", "compute_dtype", "hidden_size", "num_layers", "prepared_manifest_sha256",
@@ -223,7 +225,7 @@ def _check_finite(aux, final, lengths: Sequence[int], sample_ids: Sequence[str],
                            f"and --compute-dtype")
 
 
-def _disk_margin(margin: int | None) -> int:
+def _disk_margin(margin: int | None, estimate: int) -> int:
     if margin is not None:
         return int(margin)
     env = os.environ.get(DISK_MARGIN_ENV)
@@ -232,7 +234,7 @@ def _disk_margin(margin: int | None) -> int:
             return int(env)
         except ValueError:
             raise Eagle3InputError(f"{DISK_MARGIN_ENV} must be an integer number of bytes, got {env!r}") from None
-    return DEFAULT_DISK_MARGIN
+    return min(DEFAULT_DISK_MARGIN, estimate // 10)
 
 
 def _free_bytes(path: Path) -> int:
@@ -326,8 +328,9 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
-    or 1 GiB) is the free space that must remain after the estimated output. `backend="vllm"` reads the states from
-    the hidden-state servers at `endpoints` (`vllm_options`: `model`, `concurrency`, ... of `VLLMHiddenStates`).
+    or a tenth of the estimate, at most 1 GiB) is the free space that must remain after the estimated output.
+    `backend="vllm"` reads the states from the hidden-state servers at `endpoints` (`vllm_options`: `model`,
+    `concurrency`, ... of `VLLMHiddenStates`).
     Returns the manifest.
     """
     out_dir, prepared_dir = Path(out_dir), Path(prepared_dir)
@@ -525,7 +528,7 @@ def _done_shards(out_dir: Path, plans: dict[str, list[ShardPlan]], old_manifest:
 def _check_disk_space(out_dir: Path, what: str, todo_tokens: int, bytes_per_token: int, disk_margin: int | None,
                       overwrite: bool) -> None:
     estimate = todo_tokens * bytes_per_token
-    margin = _disk_margin(disk_margin)
+    margin = _disk_margin(disk_margin, estimate)
     freeable = sum(f.stat().st_size for f in _our_files(out_dir)) if overwrite else 0
     free = _free_bytes(out_dir) + freeable
     log.info("extract: %s = %s to write to %s; %s free", what, _gib(estimate), out_dir, _gib(free))
