@@ -8,12 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from vllm_helpers import require_vllm, shared_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from reliability_campaign import FakeServer  # noqa: E402
 
 from eagle3_train.generate.regenerate import AppendLog, recover_jsonl, regenerate, request_seed
 from eagle3_train.utils.io import Eagle3InputError
@@ -99,10 +101,11 @@ def _source(path: Path) -> list[dict]:
     return rows
 
 
-class FlakyProxy:
+class FlakyProxy(FakeServer):
     """Forwards to a real server but answers 503 to the first chat request and every third after it (to exercise
     retries). Failing the first one makes the test independent of how much the killed run had already done: the
-    least-busy pool sends the resumed run's first request to this endpoint."""
+    least-busy pool sends the resumed run's first request to this endpoint. Started and stopped as the reliability
+    campaign's servers are."""
 
     def __init__(self, target_root: str) -> None:
         import aiohttp
@@ -125,18 +128,7 @@ class FlakyProxy:
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handle)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
+        self._start(app)
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,25 @@ LOSSES = get_args(Loss)
 _NLA_FLOOR = 1e-6  # α of a hopeless row: keeps −log α (and its 1/α gradient) bounded
 
 
-def check_loss(name: str, mix: float) -> None:
+def check_loss(name: str, mix: float, target_temperature: float = 1.0) -> None:
     if name not in LOSSES:
         raise Eagle3InputError(f"train.loss must be one of {', '.join(LOSSES)}, got '{name}'")
     if not 0.0 <= mix <= 1.0:
         raise Eagle3InputError(f"train.loss_mix (weight of the KL/CE term in kl+tv / kl+nla) must be in [0, 1], "
                                f"got {mix}")
+    if not target_temperature >= 0.0:
+        raise Eagle3InputError(f"train.target_temperature must be >= 0 (0 = hard labels, 1 = the verifier's "
+                               f"distribution), got {target_temperature}")
+
+
+def sharpen(p: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The distribution p [N, V] at `temperature` (softmax(log p / T)); 0: one-hot at its argmax; 1: p itself."""
+    if temperature == 1.0:
+        return p
+    if temperature == 0.0:
+        return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
+    pt = p.pow(1.0 / temperature)
+    return pt / pt.sum(-1, keepdim=True).clamp(min=torch.finfo(pt.dtype).tiny)
 
 
 def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

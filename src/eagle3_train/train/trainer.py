@@ -108,7 +108,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
-        check_loss(cfg.loss, cfg.loss_mix)
+        check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
         self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
@@ -280,7 +280,8 @@ class Trainer:
                                        full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
                                noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
-                               checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix)
+                               checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix,
+                               target_temperature=cfg.target_temperature)
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""

@@ -20,7 +20,7 @@ import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
-from eagle3_train.train.losses import acceptance, row_loss, soft_cross_entropy
+from eagle3_train.train.losses import acceptance, row_loss, sharpen, soft_cross_entropy
 from eagle3_train.train.targets import Targets
 
 
@@ -73,8 +73,8 @@ class StepSums:
 
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
-               valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce",
-               loss_mix: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce", loss_mix: float = 0.5,
+               target_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed loss over valid rows, the draft's argmax (draft-vocab index) of every row, and the summed alpha and
     p_draft metrics over every row.
 
@@ -82,14 +82,15 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
     """
     p = all_probs[rows].float()
+    target = sharpen(p, target_temperature)  # the verifier's own p unless train.target_temperature says otherwise
     # The loss first: recomputing for backward stops once the last tensor backward needs is recomputed (checkpoint
     # early stop), so the metrics below are computed once, not twice. No name holds the logits: backward does not
     # need them, so they are freed before the metrics' [rows, Vd] temporaries exist.
     if loss == "ce":
-        per_row, q = soft_cross_entropy(model.logits(hidden).float(), p)
+        per_row, q = soft_cross_entropy(model.logits(hidden).float(), target)
     else:
         log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
-        per_row, q = row_loss(log_q, p, loss, loss_mix), log_q.detach().exp()
+        per_row, q = row_loss(log_q, target, loss, loss_mix), log_q.detach().exp()
     loss_sum = (per_row * valid).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
         draft_argmax = q.argmax(-1)
@@ -101,8 +102,8 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
                 denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True,
-                checkpoint_mlp: bool = True, loss_name: str = "ce",
-                loss_mix: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+                checkpoint_mlp: bool = True, loss_name: str = "ce", loss_mix: float = 0.5,
+                target_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
 
     loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
@@ -133,10 +134,11 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
             loss_sum, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
                 _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name,
-                loss_mix, use_reentrant=False)
+                loss_mix, target_temperature, use_reentrant=False)
         else:
             loss_sum, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
-                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix)
+                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix,
+                target_temperature)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
             correct = (draft_argmax == targets.argmax[rows]) & valid
