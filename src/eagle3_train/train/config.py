@@ -53,7 +53,8 @@ class TrainConfig:
     loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone")
     target_temperature: float = setting(
         1.0, "temperature of the verifier distribution the loss fits (metrics always use the verifier's own): < 1 "
-             "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels)")
+             "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels); 0 and "
+             "0.5 tied 1 in vLLM at 2.4M tokens here (benchmarks/README.md)")
     # optimisation
     epochs: float = setting(1.0, "passes over the training split (fractions allowed)")
     max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)")
