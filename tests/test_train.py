@@ -98,6 +98,22 @@ def test_resume_continues_exactly(stages, tmp_path):
     assert again["step"] == 1 and all(torch.equal(a[k], v) for k, v in weights(aside).items())
 
 
+@pytest.mark.slow
+def test_a_run_killed_between_its_last_checkpoint_and_final_resumes_without_logging_twice(stages, tmp_path):
+    """The kill campaign found it: killed after the end-of-training checkpoint (validation already logged) but before
+    final/ was written, the resumed run validated and logged step N a second time."""
+    root, _ = stages
+    run = tmp_path / "run"
+    train(config(root, run, max_steps=4))
+    before = (run / "metrics.jsonl").read_text()
+    shutil.rmtree(run / "final")  # what the kill leaves: checkpoints/step-0000004 and its metrics, no final/
+    again = train(config(root, run, max_steps=4, resume=True))
+    assert again["step"] == 4 and (run / "final").is_dir()
+    assert (run / "metrics.jsonl").read_text() == before
+    rows = [json.loads(x) for x in before.splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "validation"] == [4]
+
+
 class _RunsCode:
     """Unpickling this runs code: what a hostile training_state.pt would hold."""
 

@@ -154,6 +154,7 @@ class Trainer:
         self.tokens_seen = 0
         self.best: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}
+        self.validated_step = -1  # the step of the last validation (a resumed finished run must not log it again)
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
         self.writer = None
@@ -198,7 +199,7 @@ class Trainer:
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
-                "skipped_samples": self.skipped_samples()}
+                "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step}
 
     def save(self, reason: str) -> None:
         if self.info.is_main:
@@ -248,6 +249,7 @@ class Trainer:
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
         self.skipped_before = int(state.get("skipped_samples", 0))
+        self.validated_step = int(state.get("validated_step", -1))
         self.init_record = prev.get("init", self.init_record)
         self._truncate_metrics(self.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
@@ -476,7 +478,9 @@ class Trainer:
             return {"out": str(self.out), "step": self.step, "stopped": True, "tokens_per_s": 0.0,
                     "train": self.last_train, "validation": self.last_val, "best": self.best,
                     "skipped_samples": self.skipped_samples(), "timing": self.timing_record()}
-        self._validate()
+        # A run killed after its last checkpoint but before final/ resumes here with that step validated and logged.
+        if self.validated_step != self.step:
+            self._validate()
         self.save("end of training")
         train_rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
         result = {"out": str(self.out), "step": self.step, "train": self.last_train, "validation": self.last_val,
@@ -500,6 +504,7 @@ class Trainer:
 
     def _validate(self) -> None:
         val = self.evaluate()
+        self.validated_step = self.step
         if val:
             self.last_val = val
             self.log_metrics("validation", val)
