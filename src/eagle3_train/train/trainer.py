@@ -407,7 +407,7 @@ class Trainer:
         stop_at = min(self.total_steps, self.step + cfg.stop_after) if cfg.stop_after else self.total_steps
         while self.step < stop_at:
             plan = plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, self.epoch)
-            usable = len(plan) - len(plan) % self.micro_per_step
+            usable = self._usable_batches(plan)
             if usable == 0:
                 raise Eagle3InputError(f"{len(plan)} batches per epoch cannot feed grad_accum x world size = "
                                        f"{self.micro_per_step} micro-batches per step: lower train.token_budget "
@@ -428,8 +428,18 @@ class Trainer:
                 self.batch_in_epoch = 0
                 if self.step < self.total_steps:
                     self.save("end of epoch")
+        if self.batch_in_epoch and self.batch_in_epoch + self.micro_per_step > self._usable_batches():
+            # resumed from a periodic checkpoint of the epoch's (and run's) last step: the loop above did not run
+            self.epoch += 1
+            self.batch_in_epoch = 0
         bar.close()
         return self._finish(t0, tok0)
+
+    def _usable_batches(self, plan: list | None = None) -> int:
+        """Micro-batches of this epoch's plan that fill whole optimizer steps."""
+        if plan is None:
+            plan = plan_batches(self.train_data.lengths, self.cfg.token_budget, self.cfg.seed, self.epoch)
+        return len(plan) - len(plan) % self.micro_per_step
 
     def _one_step(self, feed: Prefetcher, window: StepSums, t0: float, tok0: int, bar, eval_every: int,
                   stop_at: int) -> StepSums:
