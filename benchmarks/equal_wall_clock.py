@@ -42,9 +42,11 @@ TRAIN = dict(ttt_steps=3, token_budget=2048, warmup_ratio=0.05, grad_clip=0.5, s
 
 
 def ours_command(out: Path, overrides: list[str], max_steps: int, save_every: int | None,
-                 log_every: int = 5) -> list[str]:
-    cmd = [sys.executable, "-m", "eagle3_train.cli", "train", "--prepared", str(DATA / "prepared"),
-           "--hidden-states", str(DATA / "hidden"), "--vocab", str(DATA / "vocab"), "--out", str(out), "--overwrite"]
+                 log_every: int = 5, data: Path | None = None) -> list[str]:
+    """Our train command on the pool (`data`, default this run's DATA) with the equal wall-clock settings."""
+    data = data or DATA
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "train", "--prepared", str(data / "prepared"),
+           "--hidden-states", str(data / "hidden"), "--vocab", str(data / "vocab"), "--out", str(out), "--overwrite"]
     settings = {**TRAIN, "epochs": 1000, "max_steps": max_steps, "log_every": log_every, "keep_last": 100,
                 "save_every": save_every}
     for k, v in settings.items():

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from equal_wall_clock import OURS_BEST, TRAIN
+from equal_wall_clock import OURS_BEST, ours_command
 from side_by_side import MEASURES, ours_train_rows, serve
 
 from eagle3_train.export.exporter import export
@@ -31,12 +30,7 @@ SCORED = ("acc_0", "acc_1", "full_acc_1", "accept_len_k3", "alpha_0", "tokens_pe
 
 
 def train_variant(pool: Path, out: Path, steps: int, overrides: list[str], threads: int) -> float:
-    settings = {**TRAIN, "epochs": 1000, "max_steps": steps, "log_every": 5}
-    sets = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()] + OURS_BEST + overrides
-    cmd = [sys.executable, "-m", "eagle3_train.cli", "train", "--prepared", str(pool / "prepared"), "--hidden-states",
-           str(pool / "hidden"), "--vocab", str(pool / "vocab"), "--out", str(out), "--overwrite"]
-    for s in sets:
-        cmd += ["--set", f"train.{s}"]
+    cmd = ours_command(out, OURS_BEST + overrides, steps, save_every=None, data=pool)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "EAGLE3_TRAIN_NO_PROGRESS": "1"}
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -423,17 +423,20 @@ class Trainer:
             finally:
                 self.timing["fetch_wait_s"] += feed.wait_s
                 feed.close()
-            if self.batch_in_epoch + self.micro_per_step > usable:  # epoch finished
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                if self.step < self.total_steps:
-                    self.save("end of epoch")
-        if self.batch_in_epoch and self.batch_in_epoch + self.micro_per_step > self._usable_batches():
-            # resumed from a periodic checkpoint of the epoch's (and run's) last step: the loop above did not run
-            self.epoch += 1
-            self.batch_in_epoch = 0
+            if self._close_finished_epoch(usable) and self.step < self.total_steps:
+                self.save("end of epoch")
+        if self.batch_in_epoch:  # resumed from a periodic checkpoint of the run's last step: the loop did not run
+            self._close_finished_epoch(self._usable_batches())
         bar.close()
         return self._finish(t0, tok0)
+
+    def _close_finished_epoch(self, usable: int) -> bool:
+        """Move on to the next epoch when this one has no whole optimizer step left."""
+        if self.batch_in_epoch + self.micro_per_step <= usable:
+            return False
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        return True
 
     def _usable_batches(self, plan: list | None = None) -> int:
         """Micro-batches of this epoch's plan that fill whole optimizer steps."""
