@@ -116,24 +116,25 @@ def test_a_run_killed_between_its_last_checkpoint_and_final_resumes_without_logg
 
 @pytest.mark.slow
 def test_a_run_killed_after_a_periodic_checkpoint_of_its_last_step_resumes_to_the_same_record(stages, tmp_path):
-    """Killed after the periodic save of the run's last step, before its epoch was closed (the kill campaign found
-    it): the resumed run's final validation must carry the same epoch as an uninterrupted run's."""
+    """Killed after the periodic save of the run's last step and after the final validation was logged (the kill
+    campaign found it): the resumed run logs that validation once, with the epoch an uninterrupted run gives it."""
     from eagle3_train.checkpoints import native as ckpt
 
     root, _ = stages
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     steps = train(config(root, straight, epochs=1))["step"]
     train(config(root, killed, epochs=1, save_every=steps))
-    # What the kill leaves: the periodic checkpoint of the last step (its epoch still open, nothing validated), the
-    # metrics up to that step's train row, no final/. The end-of-training save overwrote it, so write it back.
+    # What the kill leaves: the periodic checkpoint of the last step (its epoch still open, nothing validated, the
+    # metric lines up to that step's train row), the final validation already logged, no final/. The end-of-training
+    # save overwrote that checkpoint, so write it back.
     shutil.rmtree(killed / "final")
     path = killed / "checkpoints" / f"step-{steps:07d}" / ckpt.STATE
     state = ckpt.load_training_state(path)
     assert (state["epoch"], state["batch_in_epoch"]) == (1, 0)
-    state.update(epoch=0, batch_in_epoch=steps, validated_step=-1)
-    torch.save(state, path)
     rows = (killed / "metrics.jsonl").read_text().splitlines()
-    (killed / "metrics.jsonl").write_text("".join(x + "\n" for x in rows if json.loads(x)["split"] == "train"))
+    assert json.loads(rows[-1])["split"] == "validation" and state["metrics_lines"] == len(rows)
+    state.update(epoch=0, batch_in_epoch=steps, validated_step=-1, metrics_lines=len(rows) - 1)
+    torch.save(state, path)
     train(config(root, killed, epochs=1, save_every=steps, resume=True))
     strip = ("time", "tokens_per_s")
     a, b = ([{k: v for k, v in json.loads(x).items() if k not in strip}

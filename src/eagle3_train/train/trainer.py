@@ -155,6 +155,7 @@ class Trainer:
         self.best: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}
         self.validated_step = -1  # the step of the last validation (a resumed finished run must not log it again)
+        self.metrics_lines = 0  # lines in metrics.jsonl: a checkpoint records them, a resume keeps exactly those
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
         self.writer = None
@@ -199,7 +200,8 @@ class Trainer:
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
-                "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step}
+                "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
+                "metrics_lines": self.metrics_lines}
 
     def save(self, reason: str) -> None:
         if self.info.is_main:
@@ -251,16 +253,19 @@ class Trainer:
         self.skipped_before = int(state.get("skipped_samples", 0))
         self.validated_step = int(state.get("validated_step", -1))
         self.init_record = prev.get("init", self.init_record)
-        self._truncate_metrics(self.step)
+        self._truncate_metrics(self.step, state.get("metrics_lines"))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
         return True
 
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines logged after the checkpoint we resume from (they will be logged again)."""
+    def _truncate_metrics(self, step: int, lines: int | None) -> None:
+        """Keep the metric lines written before the checkpoint we resume from (later ones will be logged again):
+        the count it recorded, or for older checkpoints the lines up to its step."""
         path = self.out / "metrics.jsonl"
         if self.info.is_main and path.is_file():
-            keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            keep = rows[:lines] if lines is not None else [ln for ln in rows if json.loads(ln)["step"] <= step]
             path.write_text("".join(x + "\n" for x in keep))
+            self.metrics_lines = len(keep)
 
     def log_metrics(self, split: str, values: dict[str, float]) -> None:
         if not self.info.is_main:
@@ -269,6 +274,7 @@ class Trainer:
                "tokens_seen": self.tokens_seen, **values}
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
+        self.metrics_lines += 1
         if self.writer is not None:
             for k, v in values.items():
                 self.writer.add_scalar(f"{split}/{k}", v, self.step)
