@@ -8,14 +8,17 @@ saves for one micro-batch of the training code path.
 from __future__ import annotations
 
 import json
+import weakref
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from eagle3_train.cli import main as cli_main
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.plan import PlanSettings, plan, ttt_saved_bytes
+from eagle3_train.plan import PlanSettings, loss_forward_bytes, plan, ttt_saved_bytes
 from eagle3_train.utils.io import Eagle3InputError
 
 # Public Kimi-K2-Instruct config fields (DeepSeek-V3 architecture, MLA + MoE); no weights, and remote code is never run.
@@ -191,3 +194,47 @@ def test_cli(tmp_path, capsys):
     assert rc == 0 and "offline" in text and "trainable" in text and "peak" in text
     assert cli_main(["plan", "--verifier", str(tmp_path / "missing"), "--samples", "1",
                      "--tokens-per-sample", "1"]) == 2
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Bytes of the tensors created inside the mode that are still alive, and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes():
+                st = t.untyped_storage()
+                ptr, n = st.data_ptr(), st.nbytes()
+                if ptr not in self.seen:
+                    self.seen.add(ptr)
+                    self.live += n
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(st, self._free, ptr, n)
+        return out
+
+    def _free(self, ptr: int, n: int) -> None:
+        self.live -= n
+        self.seen.discard(ptr)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
+def test_loss_forward_model_matches_the_measured_peak(temperature):
+    """The planner's loss-forward transient against the bytes `_head_loss` really holds at once; a sharpened target
+    (train.target_temperature != 1) is one more [rows, Vd] tensor."""
+    from eagle3_train.train.ttt import _head_loss
+
+    torch.manual_seed(0)
+    H, V, Vd, R = 64, 4096, 2048, 512
+    model = Eagle3Draft(DraftConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                    intermediate_size=128, vocab_size=V, draft_vocab_size=Vd))
+    hidden = torch.randn(R, H, requires_grad=True)
+    probs = torch.softmax(torch.randn(R, Vd), -1)
+    with _LiveBytes() as live:
+        _head_loss(model, hidden, probs, torch.arange(R), torch.ones(R), torch.ones(R),
+                   target_temperature=temperature)
+    assert live.peak == pytest.approx(loss_forward_bytes(R, Vd, temperature), rel=0.1)

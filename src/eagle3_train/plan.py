@@ -57,6 +57,7 @@ class PlanSettings:
     head_dim: int | None = None
     checkpoint_mlp: bool = _TRAIN_DEFAULTS.checkpoint_mlp
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
+    target_temperature: float = _TRAIN_DEFAULTS.target_temperature  # != 1: the loss's target is a new [R, Vd] tensor
     layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
 
 
@@ -220,6 +221,12 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     return t
 
 
+def loss_forward_bytes(R: int, Vd: int, target_temperature: float = 1.0) -> int:
+    """Peak of one TTT step's loss forward (ttt._head_loss): four [R, Vd] fp32 tensors at once (see memory_per_rank),
+    five when the target is sharpened (train.target_temperature != 1), a new tensor beside the verifier's rows."""
+    return (4 + (target_temperature != 1.0)) * R * Vd * 4
+
+
 def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
                     checkpoint_dtype: str) -> tuple[dict[str, Any], dict]:
     """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process."""
@@ -255,7 +262,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     if bf16:
         targets_tmp += 2 * V * Ht + 2 * Vd * Ht
-    loss_fwd, loss_bwd = 4 * R * Vd * 4, 3 * R * Vd * 4
+    loss_fwd, loss_bwd = loss_forward_bytes(R, Vd, s.target_temperature), 3 * R * Vd * 4
     kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
                     for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
@@ -496,6 +503,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", help="training compute: bf16 (GPU) | fp32 (CPU)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--supervised-fraction", type=float, default=1.0, help="share of tokens with a loss (1 = bound)")
+    p.add_argument("--target-temperature", type=float, default=_TRAIN_DEFAULTS.target_temperature,
+                   help="train.target_temperature (!= 1 adds one [rows, draft vocab] tensor to the loss)")
     p.add_argument("--num-layers", type=int, default=_TRAIN_DEFAULTS.num_layers)
     p.add_argument("--intermediate-size", type=int)
     p.add_argument("--draft-heads", dest="num_attention_heads", type=int)

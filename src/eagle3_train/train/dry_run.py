@@ -102,7 +102,8 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
         device="cuda" if precision == "bf16" else "cpu", num_layers=mc.num_layers,
         intermediate_size=mc.intermediate_size, num_attention_heads=mc.num_attention_heads,
         num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids)))
+        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss,
+        target_temperature=cfg.target_temperature, layer_ids=tuple(mc.aux_layer_ids)))
     return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
             "ttt_activations_bytes": p.memory["ttt_activations"]}
 
