@@ -51,6 +51,11 @@ class TrainConfig:
     loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
                                "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here")
     loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone")
+    supervise: Literal["assistant", "all"] = setting(
+        "assistant", "training positions whose verifier distribution the draft fits: assistant (the prepared loss "
+                     "mask, as in every EAGLE trainer) or all (every token of a row, prompts too: the target is the "
+                     "verifier's distribution, which exists everywhere, so the same rows teach more); validation "
+                     "always scores the assistant tokens")
     target_temperature: float = setting(
         1.0, "temperature of the verifier distribution the loss fits (metrics always use the verifier's own): < 1 "
              "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels); 0 and "

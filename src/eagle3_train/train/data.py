@@ -23,6 +23,13 @@ class Batch:
     verifier_argmax: torch.Tensor | None = None
     verifier_lse: torch.Tensor | None = None
 
+    def supervising_every_token(self) -> Batch:
+        """The same batch with every real (non-padding) token in the loss mask (`train.supervise: all`)."""
+        L = self.input_ids.shape[1]
+        mask = torch.arange(L, device=self.lengths.device).unsqueeze(0) < self.lengths.unsqueeze(1)
+        return Batch(self.input_ids, mask.to(self.loss_mask.device), self.aux, self.final, self.lengths,
+                     self.verifier_argmax, self.verifier_lse)
+
     @property
     def num_tokens(self) -> int:
         return int(self.lengths.sum())

@@ -294,7 +294,10 @@ class Trainer:
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
         mine = micro[self.info.rank::self.info.world_size]
-        return [b for b in (self.train_data.batch(m) for m in mine) if b is not None]
+        batches = [b for b in (self.train_data.batch(m) for m in mine) if b is not None]
+        if self.cfg.supervise == "all":  # training only: validation keeps scoring what is served, assistant tokens
+            batches = [b.supervising_every_token() for b in batches]
+        return batches
 
     def fetch_step(self, micro: list[list[int]]) -> tuple[list[list[int]], list, int]:
         """(micro, this rank's share fetched, samples the source skipped doing so). One fetch at a time."""
