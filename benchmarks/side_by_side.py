@@ -74,8 +74,8 @@ def build_regenerated_pool(pool: Path, n: int, hidden: bool = True) -> None:
             extract(pool / "prepared", verifier, pool / "hidden", dtype="bfloat16", splits=("train",))
 
 
-def train_ours(pool: Path, work: Path, epochs: int, overrides: list[str]) -> dict:
-    out = work / "ours"
+def train_ours(pool: Path, work: Path, epochs: int, overrides: list[str], key: str = "ours") -> dict:
+    out = work / key
     settings = {**BASE, "epochs": epochs, "log_every": 5, **parse_set(overrides, TrainConfig, ("train",))}
     t0 = time.perf_counter()
     result = train(to_dataclass(TrainConfig, dict(prepared=str(pool / "prepared"),
@@ -165,9 +165,11 @@ def plot(results: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, curve, color in (("eagle3-train", curve_ours, "tab:blue"), ("speculators 0.9.0", curve_speculators,
-                                                                           "tab:orange")):
-        key = "ours" if name == "eagle3-train" else "speculators"
+    ours = [k for k in sorted(results) if k == "ours" or k.startswith("ours-")]
+    colors = ("tab:blue", "tab:green", "tab:purple", "tab:red")
+    for key, curve, color in ([(k, curve_ours, c) for k, c in zip(ours, colors)]
+                              + [("speculators", curve_speculators, "tab:orange")]):
+        name = "speculators 0.9.0" if key == "speculators" else "eagle3-train" + key[4:].replace("-", " ", 1)
         r = results.get(key)
         if not r:
             continue
@@ -201,6 +203,8 @@ def main() -> None:
     p.add_argument("--only", choices=("ours", "speculators"), help="train/measure one trainer only; `--only ours` and "
                    "`--only speculators` may run at the same time (each writes only its own entry of the results)")
     p.add_argument("--threads", type=int, help="torch threads of each trainer (default: all cores)")
+    p.add_argument("--label", help="our run's name beside others on the same pool (results key ours-LABEL, its own "
+                   "work dir): variants of ours against one speculators run")
     args = p.parse_args()
     if args.threads:
         import torch
@@ -224,22 +228,26 @@ def main() -> None:
 
     def save() -> dict:
         results = {**(read_json(results_path) if keep and results_path.is_file() else {}), **mine}
-        if all((results.get(k) or {}).get("vllm") for k in ("ours", "speculators")):
-            results["ratio"] = {m: round(results["ours"]["vllm"][m]["mean_acceptance_length"]
-                                         / results["speculators"]["vllm"][m]["mean_acceptance_length"], 3)
-                                for m, _, _ in MEASURES}
+        spec = (results.get("speculators") or {}).get("vllm") or {}
+        ratios = {k: {m: round(r["vllm"][m]["mean_acceptance_length"] / spec[m]["mean_acceptance_length"], 3)
+                      for m, _, _ in MEASURES if m in spec and m in r["vllm"]}
+                  for k, r in results.items() if (k == "ours" or k.startswith("ours-")) and (r or {}).get("vllm")}
+        if spec and ratios:
+            results["ratio"] = ratios.pop("ours", None) or {}
+            results.update({f"ratio-{k[5:]}": v for k, v in ratios.items()})
         write_json(results_path, results)
         return results
 
     earlier = read_json(results_path) if keep and results_path.is_file() else {}
-    for key in ("ours", "speculators"):
-        if args.only and key != args.only:
+    ours_key = f"ours-{args.label}" if args.label else "ours"
+    for key in (ours_key, "speculators"):
+        if args.only and args.only != ("speculators" if key == "speculators" else "ours"):
             continue
         if args.serve_only:
             mine[key] = earlier[key]
         else:
             print(f"training {key} ...", flush=True)
-            mine[key] = (train_ours(pool, work, args.epochs, args.ours or [OURS_BEST]) if key == "ours"
+            mine[key] = (train_ours(pool, work, args.epochs, args.ours or [OURS_BEST], key) if key == ours_key
                          else train_speculators(pool, spec_dir, args.epochs, args.anchor, args.venv, args.threads))
             save()
         print(f"serving {key} ...", flush=True)
@@ -247,7 +255,7 @@ def main() -> None:
         save()
     results = save()
     plot(results, HERE / f"{name}.png")
-    print(json.dumps({k: results[k] for k in ("ratio",) if k in results}, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k.startswith("ratio")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,17 @@ class Batch:
     # them (extract's `verifier_argmax`/`verifier_lse`): the targets then skip the full-vocab pass. None otherwise.
     verifier_argmax: torch.Tensor | None = None
     verifier_lse: torch.Tensor | None = None
+    # [B, L] bool: the positions the metrics count when they differ from the loss mask (`train.supervise: all` keeps
+    # the assistant mask here), None: the loss mask's
+    scored_mask: torch.Tensor | None = None
 
     def supervising_every_token(self) -> Batch:
-        """The same batch with every real (non-padding) token in the loss mask (`train.supervise: all`)."""
+        """The same batch with every real (non-padding) token in the loss mask (`train.supervise: all`); the metrics
+        keep counting the assistant tokens (`scored_mask`)."""
         L = self.input_ids.shape[1]
         mask = torch.arange(L, device=self.lengths.device).unsqueeze(0) < self.lengths.unsqueeze(1)
         return Batch(self.input_ids, mask.to(self.loss_mask.device), self.aux, self.final, self.lengths,
-                     self.verifier_argmax, self.verifier_lse)
+                     self.verifier_argmax, self.verifier_lse, self.loss_mask)
 
     @property
     def num_tokens(self) -> int:
@@ -37,8 +41,9 @@ class Batch:
     def to(self, device: torch.device, dtype: torch.dtype) -> Batch:
         stats = (None, None) if self.verifier_argmax is None else (self.verifier_argmax.to(device),
                                                                    self.verifier_lse.to(device))  # lse stays fp32
+        scored = None if self.scored_mask is None else self.scored_mask.to(device)
         return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.aux.to(device, dtype),
-                     self.final.to(device, dtype), self.lengths.to(device), *stats)
+                     self.final.to(device, dtype), self.lengths.to(device), *stats, scored)
 
 
 class TrainingSamples:

@@ -74,9 +74,11 @@ class StepSums:
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
                valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce", loss_mix: float = 0.5,
-               target_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Summed loss over valid rows, the draft's argmax (draft-vocab index) of every row, and the summed alpha and
-    p_draft metrics over every row.
+               target_temperature: float = 1.0, scored: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed loss over valid rows, the same sum over the scored rows (a metric), the draft's argmax (draft-vocab
+    index) of every row, and the summed alpha and p_draft metrics over the scored rows (`scored` [rows] bool: the
+    rows the metrics count; None: all).
 
     The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
@@ -93,11 +95,13 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
         per_row, q = row_loss(log_q, target, loss, loss_mix), log_q.detach().exp()
     loss_sum = (per_row * valid).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
+        w = torch.ones_like(per_row) if scored is None else scored.to(per_row.dtype)
+        scored_loss = (per_row * valid * w).sum()
         draft_argmax = q.argmax(-1)
         p_full = p * in_mass[rows].unsqueeze(-1)
-        alpha_sum = acceptance(p_full, q).sum()
-        p_draft_sum = p_full.gather(-1, draft_argmax.unsqueeze(-1)).sum()
-    return loss_sum, draft_argmax, alpha_sum, p_draft_sum
+        alpha_sum = (acceptance(p_full, q) * w).sum()
+        p_draft_sum = (p_full.gather(-1, draft_argmax.unsqueeze(-1)).squeeze(-1) * w).sum()
+    return loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum
 
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
@@ -107,7 +111,9 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
     """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
 
     loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
-    the same gradient as one big batch (loss_j: `loss_name`, see train/losses.py).
+    the same gradient as one big batch (loss_j: `loss_name`, see train/losses.py). The metrics count the positions of
+    `batch.scored_mask` when the batch has one (training on every token still reports the assistant tokens), else
+    those of the loss mask.
     """
     B, L = batch.input_ids.shape
     aux = batch.aux
@@ -129,23 +135,27 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         b_idx, t_idx = sup.nonzero(as_tuple=True)
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
+        scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
         if checkpoint_loss and torch.is_grad_enabled():
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
-            loss_sum, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
+            loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
                 _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name,
-                loss_mix, target_temperature, use_reentrant=False)
+                loss_mix, target_temperature, scored, use_reentrant=False)
         else:
-            loss_sum, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
+            loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
                 model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix,
-                target_temperature)
+                target_temperature, scored)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
+            if scored is not None:  # the metrics count the scored rows only
+                valid = valid & scored
             correct = (draft_argmax == targets.argmax[rows]) & valid
             ok = chain_ok[b_idx, t_idx] & correct
-            chain_ok[:, :n] &= False  # positions not supervised at this step break their chain
+            chain_ok[:, :n] &= False  # positions not scored at this step break their chain
             chain_ok[b_idx, t_idx] = ok
-            sums[:, j] = torch.stack([loss_sum.detach().double(), torch.tensor(float(len(rows)), device=h.device,
+            counted = float(len(rows)) if scored is None else scored.sum().double()
+            sums[:, j] = torch.stack([scored_loss.double(), torch.as_tensor(counted, device=h.device,
                                       dtype=torch.float64), valid.sum().double(), correct.sum().double(),
                                       ok.sum().double(), alpha_sum.double(), p_draft_sum.double()])
         if j + 1 < steps:
