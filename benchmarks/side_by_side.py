@@ -158,6 +158,11 @@ def curve_speculators(path: str, window: int = 5) -> tuple[list[int], list[float
     return tokens, est
 
 
+def ours_keys(results: dict) -> list[str]:
+    """Our runs' keys in the results: `ours` and each `ours-LABEL` (`--label`)."""
+    return [k for k in sorted(results) if k == "ours" or k.startswith("ours-")]
+
+
 def plot(results: dict, png: Path) -> None:
     import matplotlib
 
@@ -165,7 +170,7 @@ def plot(results: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    ours = [k for k in sorted(results) if k == "ours" or k.startswith("ours-")]
+    ours = ours_keys(results)
     colors = ("tab:blue", "tab:green", "tab:purple", "tab:red")
     for key, curve, color in ([(k, curve_ours, c) for k, c in zip(ours, colors)]
                               + [("speculators", curve_speculators, "tab:orange")]):
@@ -229,9 +234,10 @@ def main() -> None:
     def save() -> dict:
         results = {**(read_json(results_path) if keep and results_path.is_file() else {}), **mine}
         spec = (results.get("speculators") or {}).get("vllm") or {}
-        ratios = {k: {m: round(r["vllm"][m]["mean_acceptance_length"] / spec[m]["mean_acceptance_length"], 3)
-                      for m, _, _ in MEASURES if m in spec and m in r["vllm"]}
-                  for k, r in results.items() if (k == "ours" or k.startswith("ours-")) and (r or {}).get("vllm")}
+        served = {k: results[k]["vllm"] for k in ours_keys(results) if (results[k] or {}).get("vllm")}
+        ratios = {k: {m: round(v[m]["mean_acceptance_length"] / spec[m]["mean_acceptance_length"], 3)
+                      for m, _, _ in MEASURES if m in spec and m in v}
+                  for k, v in served.items()}
         if spec and ratios:
             results["ratio"] = ratios.pop("ours", None) or {}
             results.update({f"ratio-{k[5:]}": v for k, v in ratios.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +32,7 @@ class Batch:
         keep counting the assistant tokens (`scored_mask`)."""
         L = self.input_ids.shape[1]
         mask = torch.arange(L, device=self.lengths.device).unsqueeze(0) < self.lengths.unsqueeze(1)
-        return Batch(self.input_ids, mask.to(self.loss_mask.device), self.aux, self.final, self.lengths,
-                     self.verifier_argmax, self.verifier_lse, self.loss_mask)
+        return dataclasses.replace(self, loss_mask=mask.to(self.loss_mask.device), scored_mask=self.loss_mask)
 
     @property
     def num_tokens(self) -> int:
