@@ -70,8 +70,10 @@ def build_regenerated_pool(pool: Path, n: int, hidden: bool = True) -> None:
         prepare(generated, verifier, pool / "prepared", max_length=1024, overflow="truncate", val_count=0)
     if not (pool / "vocab" / "vocab.safetensors").is_file():
         build_vocab(pool / "prepared", pool / "vocab", size=8192)
-    if hidden:
-            extract(pool / "prepared", verifier, pool / "hidden", dtype="bfloat16", splits=("train",))
+    done = (pool / "hidden" / "manifest.json").is_file() and read_json(pool / "hidden" / "manifest.json").get(
+        "status") == "complete"
+    if hidden and not done:  # once complete, not rewritten: variants of ours may start side by side
+        extract(pool / "prepared", verifier, pool / "hidden", dtype="bfloat16", splits=("train",))
 
 
 def train_ours(pool: Path, work: Path, epochs: int, overrides: list[str], key: str = "ours") -> dict:
@@ -210,7 +212,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, help="torch threads of each trainer (default: all cores)")
     p.add_argument("--label", help="our run's name beside others on the same pool (results key ours-LABEL, its own "
                    "work dir): variants of ours against one speculators run")
+    p.add_argument("--measures", default=",".join(m for m, _, _ in MEASURES),
+                   help="comma-separated measures to serve (a quick look: mtbench_t0)")
     args = p.parse_args()
+    measures = tuple(m for m in MEASURES if m[0] in args.measures.split(","))
     if args.threads:
         import torch
 
@@ -257,7 +262,8 @@ def main() -> None:
                          else train_speculators(pool, spec_dir, args.epochs, args.anchor, args.venv, args.threads))
             save()
         print(f"serving {key} ...", flush=True)
-        mine[key]["vllm"] = serve(mine[key]["draft"], args.num_prompts, work / f"vllm-{key}")
+        kept = (earlier.get(key) or {}).get("vllm", {}) if args.serve_only else {}  # measures not served again
+        mine[key]["vllm"] = {**kept, **serve(mine[key]["draft"], args.num_prompts, work / f"vllm-{key}", measures)}
         save()
     results = save()
     plot(results, HERE / f"{name}.png")

@@ -49,21 +49,27 @@ def tiny_batch(seed: int = 0) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.
     return batch, lm_head, draft_ids, t2d
 
 
-def chain_step_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list:
-    """Draft logits of steps 0..steps-1 when drafting from position t (one row), decoded with a KV cache."""
+def chain_steps(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list:
+    """(draft logits, layer output before the final norm) of steps 0..steps-1 when drafting from position t (one
+    row), decoded with a KV cache."""
     logits, h, kv = model.forward_cached(model.fuse(aux[None, :t + 1]), ids[None, 1:t + 2],
                                          torch.arange(t + 1)[None], None)
-    out = [logits[0, -1]]
     h = h[:, -1:]
+    out = [(logits[0, -1], h[0, -1])]
     for j in range(1, steps):
         logits, h, kv = model.forward_cached(h, ids[None, t + 1 + j:t + 2 + j], torch.tensor([[t + j]]), kv)
-        out.append(logits[0, -1])
+        out.append((logits[0, -1], h[0, -1]))
     return out
 
 
+def chain_step_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list:
+    return [lg for lg, _ in chain_steps(model, aux, ids, t, steps)]
+
+
 def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
-    """[5, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position."""
-    sums = torch.zeros(5, STEPS, dtype=torch.float64)
+    """[6, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position, and the loss summed over
+    the positions whose chain was right at every earlier step (`train.chain_mask`)."""
+    sums = torch.zeros(6, STEPS, dtype=torch.float64)
     B, L = batch.input_ids.shape
     for b in range(B):
         final = batch.final[b]
@@ -79,9 +85,10 @@ def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
                 p = t + 1 + j
                 ce = -(target[p] * torch.log_softmax(lg, -1)).sum()
                 correct = bool(valid[p]) and int(lg.argmax()) == int(target[p].argmax())
+                reached = chain
                 chain = chain and correct
-                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, chain],
-                                           dtype=torch.float64)
+                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, chain,
+                                            float(ce) * bool(valid[p]) * reached], dtype=torch.float64)
     return sums
 
 
@@ -116,9 +123,52 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
         loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
     assert torch.equal(denominators, expected[1])
-    n = expected.shape[0]  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
-    torch.testing.assert_close(sums[1:n], expected[1:], rtol=0, atol=0)
+    n = 5  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
+    torch.testing.assert_close(sums[1:n], expected[1:n], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_chain_mask_trains_only_the_positions_a_greedy_chain_reaches():
+    """`train.chain_mask`: step j > 0 counts a position in the loss only if the draft was right there at every
+    earlier step, as decoding position by position finds; the denominators and the metrics stay unmasked."""
+    model = tiny_draft(0).eval()
+    batch, lm_head, draft_ids, t2d = tiny_batch(0)
+    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    denominators = supervised_counts(batch.loss_mask, STEPS)
+    with torch.no_grad():
+        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
+        plain, plain_sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
+        masked, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators, chain_mask=True)
+    assert (expected[5, 1:] < expected[0, 1:]).all()  # the example has broken chains at later steps
+    assert expected[5, 0] == expected[0, 0]  # step 0 is never masked
+    assert masked.item() == pytest.approx(float((expected[5] / denominators).sum()), rel=1e-5)
+    assert plain.item() == pytest.approx(float((expected[0] / denominators).sum()), rel=1e-5)
+    torch.testing.assert_close(sums, plain_sums)
+
+
+def test_feature_loss_regresses_the_lm_head_input_on_the_verifier_state_it_stands_for():
+    """`train.feature_loss`: step j at position t adds w * smooth-L1(norm(draft state), verifier final state at
+    t+1+j), mean over features, for every supervised position, under the same denominators as the CE."""
+    model = tiny_draft(1).eval()
+    batch, lm_head, draft_ids, t2d = tiny_batch(1)
+    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    denominators = supervised_counts(batch.loss_mask, STEPS)
+    weights = [1.0, 0.5, 0.25]
+    expected = torch.zeros(STEPS, dtype=torch.float64)
+    B, L = batch.input_ids.shape
+    with torch.no_grad():
+        base, sums = ttt_forward(model, batch, targets, STEPS, weights, denominators)
+        with_features, sums_f = ttt_forward(model, batch, targets, STEPS, weights, denominators, feature_loss=0.5)
+        for b in range(B):
+            for t in range(L - 2):
+                for j, (_, h) in enumerate(chain_steps(model, batch.aux[b], batch.input_ids[b], t,
+                                                       min(STEPS, L - 2 - t))):
+                    if batch.loss_mask[b, t + 2 + j]:
+                        expected[j] += torch.nn.functional.smooth_l1_loss(model.norm(h), batch.final[b, t + 1 + j])
+    added = float(sum(w * 0.5 * e / d for w, e, d in zip(weights, expected, denominators)))
+    assert added > 0
+    assert (with_features - base).item() == pytest.approx(added, rel=1e-4)
+    torch.testing.assert_close(sums_f, sums)  # the metrics are the CE's
 
 
 def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():

@@ -48,6 +48,9 @@ class TrainConfig:
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions")
     step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j")
+    chain_mask: bool = setting(
+        False, "TTT step j > 0 trains only the positions whose draft argmax was right at every earlier step: the "
+               "ones a greedy draft chain reaches when served (GRIFFIN's token alignment)")
     loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
                                "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here")
     loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone")
@@ -56,6 +59,9 @@ class TrainConfig:
                      "mask, as in every EAGLE trainer) or all (every token of a row, prompts too: the target is the "
                      "verifier's distribution, which exists everywhere, so the same rows teach more); validation "
                      "always scores the assistant tokens")
+    feature_loss: float = setting(
+        0.0, "weight of a smooth-L1 regression of the draft's lm_head input onto the verifier's final hidden state "
+             "of the position it predicts from (EAGLE-1's feature loss), added to each step's loss; 0: off")
     target_temperature: float = setting(
         1.0, "temperature of the verifier distribution the loss fits (metrics always use the verifier's own): < 1 "
              "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels); 0 and "
@@ -72,7 +78,16 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
     grad_clip: float = setting(0.5, "gradient norm clip (0: none)")
-    noise: float = setting(0.0, "uniform +-noise added to the aux features")
+    equalise_features: bool = setting(
+        False, "train the fc as if every aux feature had the median feature's std (init and Adam steps of each fc "
+               "column divided by its feature's relative std; the weights served are unchanged): a verifier's "
+               "massive activations (SmolLM2: one feature ~300x the median std) otherwise take the largest steps "
+               "(train/fc_scaling.py)")
+    noise: float = setting(0.0, "uniform +-noise added to the aux features (absolute: see feature_noise)")
+    feature_noise: float = setting(
+        0.0, "training only: Gaussian noise on the aux features with std = this x each feature's std over the "
+             "batch's real tokens (scale-free, unlike noise: a verifier's layers differ ~30x in scale); against "
+             "memorising small pools over several epochs")
     checkpoint_loss: bool = setting(True, "recompute per-step logits in backward (less memory, one extra lm_head "
                                           "matmul)")
     checkpoint_mlp: bool = setting(True, "recompute each step's MLP in backward (less memory, two extra MLP "
@@ -95,6 +110,9 @@ class TrainConfig:
     lm_head_init: Literal["verifier", "random"] = setting(
         "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
     freeze_lm_head: bool = setting(False, "keep the lm_head fixed")
+    final_norm_init: Literal["ones", "verifier"] = setting(
+        "ones", "start the draft's final norm at ones or from the verifier's final norm (with lm_head_init "
+                "verifier the draft's head then starts as the verifier's own)")
     # finetuning
     finetune_from: str | None = setting(None, "start from a published or earlier draft (dir, export or hub id)")
     finetune_vocab: Literal["keep", "rebuild"] = setting(

@@ -272,7 +272,8 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
     names/shapes/dtypes loaded without data."""
     from eagle3_train.train.trainer import build_model
 
-    init: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
+    init: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
+                            "final_norm_init": cfg.final_norm_init}
     d2t, t2d = inputs.d2t, inputs.t2d
     if cfg.finetune_from:
         from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source

@@ -21,6 +21,7 @@ import torch
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.verifier_head import load_final_norm
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples, open_samples
@@ -33,6 +34,7 @@ from eagle3_train.train.distributed import (
     destroy,
     init_distributed,
 )
+from eagle3_train.train.fc_scaling import EqualisedFC, feature_scale
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
@@ -82,6 +84,10 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
             model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
         elif cfg.lm_head_init != "random":
             raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
+        if cfg.final_norm_init == "verifier" and device != "meta":  # a dry run reads no weight data
+            model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
+        elif cfg.final_norm_init != "ones":
+            raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
     if cfg.freeze_lm_head:
         model.lm_head.weight.requires_grad_(False)
     return model
@@ -111,7 +117,8 @@ class Trainer:
         check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
-        self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
+        self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
+                                            "final_norm_init": cfg.final_norm_init}
         if cfg.finetune_from:
             from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source
 
@@ -148,6 +155,11 @@ class Trainer:
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.fc_scaling: EqualisedFC | None = None
+        if cfg.equalise_features:
+            self.fc_scaling = EqualisedFC(self.model.fc.weight, feature_scale(self.train_data))
+            if not cfg.finetune_from:  # a random fc starts as V ~ N(0, std), W = V / s
+                self.fc_scaling.init()
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # next micro-batch index in this epoch's plan
@@ -201,7 +213,8 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
                 "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
-                "metrics_lines": self.metrics_lines}
+                "metrics_lines": self.metrics_lines,
+                **({"fc_scale": self.fc_scaling.scale.cpu()} if self.fc_scaling else {})}
 
     def save(self, reason: str) -> None:
         if self.info.is_main:
@@ -250,6 +263,8 @@ class Trainer:
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
+        if self.fc_scaling is not None:  # the s the run started with, not one from other rows
+            self.fc_scaling.scale = state["fc_scale"].to(self.fc_scaling.scale.device)
         self.skipped_before = int(state.get("skipped_samples", 0))
         self.validated_step = int(state.get("validated_step", -1))
         self.init_record = prev.get("init", self.init_record)
@@ -287,9 +302,10 @@ class Trainer:
                                        self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform,
                                        full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
             return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
-                               noise=cfg.noise, checkpoint_loss=cfg.checkpoint_loss,
+                               noise=cfg.noise, feature_noise=cfg.feature_noise,
+                               feature_loss=cfg.feature_loss, checkpoint_loss=cfg.checkpoint_loss,
                                checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix,
-                               target_temperature=cfg.target_temperature)
+                               target_temperature=cfg.target_temperature, chain_mask=cfg.chain_mask)
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
@@ -327,10 +343,15 @@ class Trainer:
             sums.add(s)
             tokens += b.num_tokens
         all_reduce_gradients(self.params, self.info)
+        if self.fc_scaling is not None:
+            self.fc_scaling.precondition()
         # Pre-clipping norm, logged: a norm far above the clip means the clip, not the lr, sets the step size.
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
             self.params, cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0 else float("inf")))
-        self.optimizer.step()
+        if self.fc_scaling is not None:
+            self.fc_scaling.step(self.optimizer)
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         all_reduce_sum_(sums.values, self.info)
         t = torch.tensor([tokens, skipped], dtype=torch.float64)

@@ -29,6 +29,24 @@ def supervised_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack([loss_mask[:, 2 + j:].sum() for j in range(steps)]).double()
 
 
+def feature_std(aux: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[3H] std of each aux feature [B, L, 3H] over the batch's real (non-padding) tokens."""
+    real = torch.arange(aux.shape[1], device=aux.device).unsqueeze(0) < lengths.to(aux.device).unsqueeze(1)
+    return aux[real].float().std(dim=0, correction=0).to(aux.dtype)
+
+
+def add_feature_noise(aux: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """aux + Gaussian noise of std `scale` x each feature's std (`train.feature_noise`): the same relative
+    perturbation for a layer of std 3 as for one of std 80, which an absolute noise cannot give."""
+    return aux + torch.randn_like(aux) * (scale * feature_std(aux, lengths))
+
+
+def feature_regression(model: Eagle3Draft, out: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """Smooth-L1 of the draft's lm_head input, norm(out) [rows, H], against the verifier's final hidden state at the
+    position whose next token the row predicts (EAGLE-1's feature loss), mean over H, summed over rows."""
+    return F.smooth_l1_loss(model.norm(out).float(), final.float(), reduction="none").mean(-1).sum()
+
+
 NUM_SUMS = 7
 
 
@@ -74,11 +92,12 @@ class StepSums:
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
                valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce", loss_mix: float = 0.5,
-               target_temperature: float = 1.0, scored: torch.Tensor | None = None
+               target_temperature: float = 1.0, scored: torch.Tensor | None = None,
+               reached: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed loss over valid rows, the same sum over the scored rows (a metric), the draft's argmax (draft-vocab
     index) of every row, and the summed alpha and p_draft metrics over the scored rows (`scored` [rows] bool: the
-    rows the metrics count; None: all).
+    rows the metrics count; None: all; `reached` [rows] bool: the rows the loss counts, `train.chain_mask`).
 
     The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
@@ -93,7 +112,7 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     else:
         log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
         per_row, q = row_loss(log_q, target, loss, loss_mix), log_q.detach().exp()
-    loss_sum = (per_row * valid).sum()
+    loss_sum = (per_row * (valid if reached is None else valid & reached)).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
         w = torch.ones_like(per_row) if scored is None else scored.to(per_row.dtype)
         scored_loss = (per_row * valid * w).sum()
@@ -105,24 +124,29 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
 
 
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
-                denominators: torch.Tensor, noise: float = 0.0, checkpoint_loss: bool = True,
+                denominators: torch.Tensor, noise: float = 0.0, feature_noise: float = 0.0,
+                feature_loss: float = 0.0, checkpoint_loss: bool = True,
                 checkpoint_mlp: bool = True, loss_name: str = "ce", loss_mix: float = 0.5,
-                target_temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                target_temperature: float = 1.0, chain_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
 
     loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
     the same gradient as one big batch (loss_j: `loss_name`, see train/losses.py). The metrics count the positions of
     `batch.scored_mask` when the batch has one (training on every token still reports the assistant tokens), else
-    those of the loss mask.
+    those of the loss mask. `chain_mask`: step j > 0 trains only the positions whose draft argmax was right at steps
+    0..j-1, the ones a greedy chain reaches when served (the denominators stay those of the loss mask).
     """
     B, L = batch.input_ids.shape
     aux = batch.aux
     if noise > 0 and model.training:
         aux = aux + (torch.rand_like(aux) * 2 - 1) * noise
+    if feature_noise > 0 and model.training:
+        aux = add_feature_noise(aux, batch.lengths, feature_noise)
     h = model.fuse(aux)
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
     chain_ok = torch.ones(B, L, dtype=torch.bool, device=h.device)
+    reach = torch.ones(B, L, dtype=torch.bool, device=h.device) if chain_mask else None  # chain over the loss mask
     sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
     for j in range(steps):
@@ -136,18 +160,28 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
         scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
+        reached = None if reach is None or j == 0 else reach[b_idx, t_idx]
         if checkpoint_loss and torch.is_grad_enabled():
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
                 _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name,
-                loss_mix, target_temperature, scored, use_reentrant=False)
+                loss_mix, target_temperature, scored, reached, use_reentrant=False)
         else:
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
                 model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix,
-                target_temperature, scored)
+                target_temperature, scored, reached)
+        if feature_loss > 0:
+            loss_sum = loss_sum + feature_loss * feature_regression(model, out[b_idx, t_idx],
+                                                                    batch.final[b_idx, t_idx + 1 + j])
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
+            if reach is not None:
+                hit = (draft_argmax == targets.argmax[rows]) & valid
+                if reached is not None:
+                    hit &= reached
+                reach[:, :n] = False
+                reach[b_idx, t_idx] = hit
             if scored is not None:  # the metrics count the scored rows only
                 valid = valid & scored
             correct = (draft_argmax == targets.argmax[rows]) & valid
