@@ -173,8 +173,14 @@ def plot(results: dict, png: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     ours = ours_keys(results)
-    colors = ("tab:blue", "tab:green", "tab:purple", "tab:red")
-    for key, curve, color in ([(k, curve_ours, c) for k, c in zip(ours, colors)]
+    if len(ours) > 4:  # a readable picture: the first two runs and the two best variants in vLLM
+        def served(k: str) -> float:
+            return ((results[k].get("vllm") or {}).get("mtbench_t0") or {}).get("mean_acceptance_length", 0.0)
+
+        best = sorted((k for k in ours if k not in ("ours", "ours-all")), key=served, reverse=True)[:2]
+        ours = [k for k in ("ours", "ours-all") if k in results] + best
+    colors = [c for c in plt.get_cmap("tab10").colors if c != plt.get_cmap("tab10").colors[1]]  # orange: speculators
+    for key, curve, color in ([(k, curve_ours, colors[i % len(colors)]) for i, k in enumerate(ours)]
                               + [("speculators", curve_speculators, "tab:orange")]):
         name = "speculators 0.9.0" if key == "speculators" else "eagle3-train" + key[4:].replace("-", " ", 1)
         r = results.get(key)
