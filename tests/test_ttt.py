@@ -114,6 +114,8 @@ def test_targets_rows_are_the_supervised_next_tokens():
 
 
 def test_ttt_steps_read_the_targets_chain_decoding_reads():
+    """...and with `train.chain_mask`, step j > 0 counts a position in the loss only if the draft was right there at
+    every earlier step, as decoding position by position finds; the denominators and the metrics stay unmasked."""
     model = tiny_draft(0).eval()  # seed 0: some chains stay right through the last step
     batch, lm_head, draft_ids, t2d = tiny_batch(0)
     targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
@@ -121,29 +123,16 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
     with torch.no_grad():
         expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
         loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
+        masked, masked_sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators, chain_mask=True)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
     assert torch.equal(denominators, expected[1])
     n = 5  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
     torch.testing.assert_close(sums[1:n], expected[1:n], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)
-
-
-def test_chain_mask_trains_only_the_positions_a_greedy_chain_reaches():
-    """`train.chain_mask`: step j > 0 counts a position in the loss only if the draft was right there at every
-    earlier step, as decoding position by position finds; the denominators and the metrics stay unmasked."""
-    model = tiny_draft(0).eval()
-    batch, lm_head, draft_ids, t2d = tiny_batch(0)
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = supervised_counts(batch.loss_mask, STEPS)
-    with torch.no_grad():
-        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        plain, plain_sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
-        masked, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators, chain_mask=True)
-    assert (expected[5, 1:] < expected[0, 1:]).all()  # the example has broken chains at later steps
-    assert expected[5, 0] == expected[0, 0]  # step 0 is never masked
+    assert (expected[5, 1:] < expected[0, 1:]).all() and expected[5, 0] == expected[0, 0]  # broken chains; step 0
     assert masked.item() == pytest.approx(float((expected[5] / denominators).sum()), rel=1e-5)
-    assert plain.item() == pytest.approx(float((expected[0] / denominators).sum()), rel=1e-5)
-    torch.testing.assert_close(sums, plain_sums)
+    assert loss.item() == pytest.approx(float((expected[0] / denominators).sum()), rel=1e-5)
+    torch.testing.assert_close(masked_sums, sums)
 
 
 def test_feature_loss_regresses_the_lm_head_input_on_the_verifier_state_it_stands_for():
