@@ -94,11 +94,13 @@ def test_cli_dry_run_from_scratch_without_verifier_weights(tmp_path, capsys):
     paths = write_run_inputs(tmp_path / "inputs", verifier, layer_ids=DEFAULT)
     out = tmp_path / "train"
     rc = cli_main(["train", "--dry-run", "--prepared", str(paths["prepared"]), "--hidden-states",
-                   str(paths["hidden"]), "--vocab", str(paths["vocab"]), "--out", str(out)])
+                   str(paths["hidden"]), "--vocab", str(paths["vocab"]), "--out", str(out),
+                   "--final-norm-init", "verifier"])  # the verifier's norm: read only by a real run
     printed = capsys.readouterr().out
     assert rc == 0 and "NOT checked" in printed and "no weight files" in printed
     meta = json.loads((out / METADATA_FILE).read_text())
     assert meta["init"]["method"] == "random" and meta["draft_config"]["head_dim"] == H // HEADS
+    assert meta["init"]["final_norm_init"] == "verifier"
     assert not (out / "checkpoints").exists()
 
 

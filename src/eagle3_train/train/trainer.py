@@ -84,8 +84,9 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
             model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
         elif cfg.lm_head_init != "random":
             raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
-        if cfg.final_norm_init == "verifier" and device != "meta":  # a dry run reads no weight data
-            model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
+        if cfg.final_norm_init == "verifier":
+            if device != "meta":  # a dry run reads no weight data
+                model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
         elif cfg.final_norm_init != "ones":
             raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
     if cfg.freeze_lm_head:
