@@ -12,6 +12,11 @@ from eagle3_train.hidden_states.source import HiddenStateSource, StoredSource
 from eagle3_train.utils.io import Eagle3InputError
 
 
+def real_tokens(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, length] bool: True on each row's first lengths[b] (non-padding) positions."""
+    return torch.arange(length, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # [B, L] int64, right-padded with 0
@@ -30,8 +35,7 @@ class Batch:
     def supervising_every_token(self) -> Batch:
         """The same batch with every real (non-padding) token in the loss mask (`train.supervise: all`); the metrics
         keep counting the assistant tokens (`scored_mask`)."""
-        L = self.input_ids.shape[1]
-        mask = torch.arange(L, device=self.lengths.device).unsqueeze(0) < self.lengths.unsqueeze(1)
+        mask = real_tokens(self.lengths, self.input_ids.shape[1])
         return dataclasses.replace(self, loss_mask=mask.to(self.loss_mask.device), scored_mask=self.loss_mask)
 
     @property

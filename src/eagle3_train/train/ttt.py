@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.data import Batch
+from eagle3_train.train.data import Batch, real_tokens
 from eagle3_train.train.losses import acceptance, row_loss, sharpen, soft_cross_entropy
 from eagle3_train.train.targets import Targets
 
@@ -31,8 +31,7 @@ def supervised_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
 
 def feature_std(aux: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[3H] std of each aux feature [B, L, 3H] over the batch's real (non-padding) tokens."""
-    real = torch.arange(aux.shape[1], device=aux.device).unsqueeze(0) < lengths.to(aux.device).unsqueeze(1)
-    return aux[real].float().std(dim=0, correction=0).to(aux.dtype)
+    return aux[real_tokens(lengths.to(aux.device), aux.shape[1])].float().std(dim=0, correction=0).to(aux.dtype)
 
 
 def add_feature_noise(aux: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
@@ -88,6 +87,16 @@ class StepSums:
             out[f"{prefix}accept_len_pdraft_k{j + 1}"] = est_pdraft
         out[f"{prefix}loss"] = sum(out[f"{prefix}loss_{j}"] for j in range(self.steps)) / self.steps
         return out
+
+
+def _advance_chain(chain: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor, n: int,
+                   correct: torch.Tensor) -> torch.Tensor:
+    """After a TTT step: position t's chain [B, L] holds on if it held and the step was right there; positions not
+    scored at this step (the first n are the step's) break theirs. Returns the chain of the step's rows."""
+    ok = chain[b_idx, t_idx] & correct
+    chain[:, :n] = False
+    chain[b_idx, t_idx] = ok
+    return ok
 
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
@@ -160,7 +169,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
         scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
-        reached = None if reach is None or j == 0 else reach[b_idx, t_idx]
+        reached = None if reach is None else reach[b_idx, t_idx]  # all True at step 0
         if checkpoint_loss and torch.is_grad_enabled():
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
@@ -176,18 +185,13 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
                                                                     batch.final[b_idx, t_idx + 1 + j])
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
-            if reach is not None:
-                hit = (draft_argmax == targets.argmax[rows]) & valid
-                if reached is not None:
-                    hit &= reached
-                reach[:, :n] = False
-                reach[b_idx, t_idx] = hit
+            match = draft_argmax == targets.argmax[rows]
+            if reach is not None:  # the loss's chain: every supervised row
+                _advance_chain(reach, b_idx, t_idx, n, match & valid)
             if scored is not None:  # the metrics count the scored rows only
                 valid = valid & scored
-            correct = (draft_argmax == targets.argmax[rows]) & valid
-            ok = chain_ok[b_idx, t_idx] & correct
-            chain_ok[:, :n] &= False  # positions not scored at this step break their chain
-            chain_ok[b_idx, t_idx] = ok
+            correct = match & valid
+            ok = _advance_chain(chain_ok, b_idx, t_idx, n, correct)
             counted = float(len(rows)) if scored is None else scored.sum().double()
             sums[:, j] = torch.stack([scored_loss.double(), torch.as_tensor(counted, device=h.device,
                                       dtype=torch.float64), valid.sum().double(), correct.sum().double(),
