@@ -60,7 +60,7 @@ class LogitTransform:
         return {"scale": self.scale, "softcap": self.softcap, "bias": self.bias is not None}
 
 
-def _tensor_locations(verifier_dir: Path) -> dict[str, Path]:
+def tensor_locations(verifier_dir: Path) -> dict[str, Path]:
     index = verifier_dir / "model.safetensors.index.json"
     if index.is_file():
         wm = json.loads(index.read_text())["weight_map"]
@@ -85,7 +85,7 @@ def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.floa
     """Return (embedding [V, H], lm_head [V, H], config dict) of a HF verifier checkpoint."""
     verifier_dir = Path(verifier_dir)
     config = json.loads((verifier_dir / "config.json").read_text())
-    loc = _tensor_locations(verifier_dir)
+    loc = tensor_locations(verifier_dir)
     embed = _load(loc, _EMBED_KEYS)
     if embed is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
@@ -106,7 +106,7 @@ def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
     if text.get("model_type") in _OTHER_NORMS:
         raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} has a final norm "
                                f"other than w * x / rms(x); not supported by the vLLM hidden-state backend")
-    weight = _load(_tensor_locations(verifier_dir), _NORM_KEYS)
+    weight = _load(tensor_locations(verifier_dir), _NORM_KEYS)
     if weight is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")
     return weight, float(text.get("rms_norm_eps", 1e-6))
@@ -121,7 +121,7 @@ def verifier_head_shapes(verifier_dir: str | Path, dtype: torch.dtype = torch.bf
     c = config.get("text_config", config)
     V, H = int(c["vocab_size"]), int(c["hidden_size"])
     try:
-        loc = _tensor_locations(verifier_dir)
+        loc = tensor_locations(verifier_dir)
     except Eagle3InputError:
         meta = torch.empty(V, H, dtype=dtype, device="meta")
         return meta, meta, config, "config.json only (no weight files)"
@@ -190,7 +190,7 @@ def logit_transform(verifier_dir: str | Path, read_bias: bool = True) -> LogitTr
                                    f"does not reproduce for this model type, so the training targets would be "
                                    f"wrong; supported: softcapping for {sorted(_SOFTCAP)}, logit scales for "
                                    f"{sorted({**_MULTIPLY, **_DIVIDE, 'minicpm3': ''})}")
-    bias = _load(_tensor_locations(verifier_dir), _BIAS_KEYS) if read_bias else None
+    bias = _load(tensor_locations(verifier_dir), _BIAS_KEYS) if read_bias else None
     if bias is not None:
         t.bias = bias.float()
     return t

@@ -113,6 +113,14 @@ class TrainConfig:
     final_norm_init: Literal["ones", "verifier"] = setting(
         "ones", "start the draft's final norm at ones or from the verifier's final norm (with lm_head_init "
                 "verifier the draft's head then starts as the verifier's own)")
+    layer_init: Literal["random", "verifier"] = setting(
+        "random", "start the draft's decoder layer(s) at random or as copies of verifier layers "
+                  "(model/layer_init.py): a prior for small data")
+    layer_init_index: int = setting(-1, "layer_init verifier: the verifier layer copied into draft layer 0 (later "
+                                        "draft layers take the next ones); negative counts from the last")
+    layer_init_embed: Literal["random", "verifier"] = setting(
+        "random", "layer_init verifier: the embedding half of the first layer's q/k/v starts at random, or as the "
+                  "verifier's weights like the hidden half")
     # finetuning
     finetune_from: str | None = setting(None, "start from a published or earlier draft (dir, export or hub id)")
     finetune_vocab: Literal["keep", "rebuild"] = setting(

@@ -270,10 +270,12 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
 def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[str]):
     """(the draft built on the meta device, its init record, its (d2t, t2d)): random, or the finetune source's
     names/shapes/dtypes loaded without data."""
-    from eagle3_train.train.trainer import build_model
+    from eagle3_train.train.trainer import build_model, init_record
 
-    init: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
-                            "final_norm_init": cfg.final_norm_init}
+    init = init_record(cfg, inputs)
+    if cfg.layer_init == "verifier" and not cfg.finetune_from:
+        not_checked.append(f"the verifier layers {init['layer_init_layers']} copied by train.layer_init (no weight "
+                           f"data is read)")
     d2t, t2d = inputs.d2t, inputs.t2d
     if cfg.finetune_from:
         from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source

@@ -21,6 +21,7 @@ import torch
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.layer_init import copy_verifier_layer, load_verifier_layer, source_layers
 from eagle3_train.model.verifier_head import load_final_norm
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
@@ -89,6 +90,15 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
                 model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
         elif cfg.final_norm_init != "ones":
             raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
+        if cfg.layer_init == "verifier":
+            text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+            sources = source_layers(cfg.layer_init_index, draft_cfg.num_layers, int(text["num_hidden_layers"]))
+            if device != "meta":
+                for i, index in enumerate(sources):
+                    copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
+                                        cfg.layer_init_embed)
+        elif cfg.layer_init != "random":
+            raise Eagle3InputError(f"train.layer_init must be 'random' or 'verifier', got '{cfg.layer_init}'")
     if cfg.freeze_lm_head:
         model.lm_head.weight.requires_grad_(False)
     return model
@@ -105,6 +115,18 @@ def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
     return f
 
 
+def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
+    """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
+    record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
+                              "final_norm_init": cfg.final_norm_init, "layer_init": cfg.layer_init}
+    if cfg.layer_init == "verifier":
+        text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+        record["layer_init_layers"] = source_layers(cfg.layer_init_index, cfg.num_layers,
+                                                    int(text["num_hidden_layers"]))
+        record["layer_init_embed"] = cfg.layer_init_embed
+    return record
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -118,8 +140,7 @@ class Trainer:
         check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
         self.out = Path(cfg.out)
         self.inputs = resolve_inputs(cfg)
-        self.init_record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
-                                            "final_norm_init": cfg.final_norm_init}
+        self.init_record: dict[str, Any] = init_record(cfg, self.inputs)
         if cfg.finetune_from:
             from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source
 
