@@ -36,6 +36,7 @@ from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
 from eagle3_train.train.distributed import DistInfo  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
+from eagle3_train.train.optimizer import DraftOptimizer  # noqa: E402
 from eagle3_train.train.precision import resolve_precision, verifier_tensor_dtype  # noqa: E402
 from eagle3_train.train.trainer import Trainer, build_model, lr_lambda  # noqa: E402
 from eagle3_train.utils.settings import build_settings  # noqa: E402
@@ -128,10 +129,8 @@ class SyntheticTrainer(Trainer):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.train_data, self.val_data = samples, None
         self.micro_per_step = 1
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                           weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(1000, cfg.warmup_ratio,
-                                                                                     cfg.min_lr_ratio))
+        self.optimizer = DraftOptimizer(self.model, cfg, lr_lambda(1000, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.fc_scaling = None
         self.skipped_now, self.skipped_before = 0, 0
 
 

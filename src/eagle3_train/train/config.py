@@ -75,6 +75,12 @@ class TrainConfig:
     warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up")
     min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr")
     weight_decay: float = setting(0.0, "AdamW weight decay")
+    optimizer: Literal["adamw", "muon"] = setting(
+        "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
+                 "AdamW's), AdamW on the lm_head and norms (train/optimizer.py)")
+    muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)")
+    muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group")
+    muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group")
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
     grad_clip: float = setting(0.5, "gradient norm clip (0: none)")

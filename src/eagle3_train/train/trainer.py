@@ -39,6 +39,7 @@ from eagle3_train.train.fc_scaling import EqualisedFC, feature_scale
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import build_metadata
+from eagle3_train.train.optimizer import DraftOptimizer
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
@@ -173,10 +174,8 @@ class Trainer:
         n_batches = len(plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, 0))
         self.steps_per_epoch = max(1, n_batches // self.micro_per_step)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                           weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.optimizer = DraftOptimizer(self.model, cfg,
+                                        lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         self.fc_scaling: EqualisedFC | None = None
         if cfg.equalise_features:
             self.fc_scaling = EqualisedFC(self.model.fc.weight, feature_scale(self.train_data))
@@ -230,7 +229,7 @@ class Trainer:
         return {**self.train_data.source.identity(), "skipped_samples": self.skipped_samples()}
 
     def training_state(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        return {**self.optimizer.state_dict(),
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
@@ -280,8 +279,7 @@ class Trainer:
         if src.config.to_dict() != self.model.config.to_dict():
             raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
         self.model.load_state_dict(src.state_dict())
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state, str(latest))
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
@@ -374,7 +372,7 @@ class Trainer:
             self.fc_scaling.step(self.optimizer)
         else:
             self.optimizer.step()
-        self.scheduler.step()
+        self.optimizer.schedule_step()
         all_reduce_sum_(sums.values, self.info)
         t = torch.tensor([tokens, skipped], dtype=torch.float64)
         all_reduce_sum_(t, self.info)
@@ -514,7 +512,7 @@ class Trainer:
         bar.update(1)
         if self.step % cfg.log_every == 0 or self.step == self.total_steps:
             summary = window.summary()
-            self.last_train = {**summary, "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": rate,
+            self.last_train = {**summary, "lr": self.optimizer.last_lr(), "tokens_per_s": rate,
                                "grad_norm": self.grad_norm, "skipped_samples": self.skipped_samples()}
             self.log_metrics("train", self.last_train)
             bar.set_postfix(loss=f"{summary['loss']:.3f}", acc0=f"{summary['acc_0']:.3f}",
