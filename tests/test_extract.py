@@ -347,6 +347,33 @@ def test_rerun_skips_and_mismatch_needs_overwrite(tmp_path, tiny_llama, mixed_pr
     check_hidden_states(out, mixed_prepared, other_model)
 
 
+def test_a_second_extract_into_the_same_dir_stops_and_deletes_nothing(tmp_path, tiny_llama, mixed_prepared):
+    """Another process holds the output directory: extract refuses before touching its temporary files; once that
+    process is gone (even by kill -9), the directory is free again."""
+    out = tmp_path / "hs"
+    kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)
+    extract(mixed_prepared, tiny_llama, out, **kw)  # the directory as a writer leaves it between two shards
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from eagle3_train.utils.io import output_lock\n"
+                               f"with output_lock({str(out)!r}, 'x'):\n"
+                               "    print('locked', flush=True)\n    time.sleep(120)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        in_flight = out / "train" / ".shard-00000.safetensors.abc.tmp"
+        in_flight.write_bytes(b"half a shard")
+        busy = rf"{out} is being written by another process \(pid {holder.pid}\)"
+        with pytest.raises(Eagle3InputError, match=busy):
+            extract(mixed_prepared, tiny_llama, out, **kw)
+        assert in_flight.read_bytes() == b"half a shard"
+    finally:
+        holder.kill()
+        holder.wait()
+    extract(mixed_prepared, tiny_llama, out, **kw)
+    assert not in_flight.exists()  # the dead writer's temporary file is cleared as before
+    check_hidden_states(out, mixed_prepared, tiny_llama)
+
+
 def test_cli_extract(tmp_path, tiny_llama, mixed_prepared, capsys):
     out = tmp_path / "hs"
     args = ["extract", "--prepared", str(mixed_prepared), "--verifier", str(tiny_llama), "--out", str(out),

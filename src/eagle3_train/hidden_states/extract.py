@@ -45,9 +45,11 @@ from eagle3_train.data.prepare import check_prepared_tokenizer
 from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
+    LOCK_NAME,
     Eagle3InputError,
     atomic_path,
     check_at_least,
+    output_lock,
     read_json,
     save_safetensors,
     sha256_file,
@@ -375,37 +377,38 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     # the HF backend's verifier stats add STATS_BYTES per token to the hidden states' bytes_per_token
     disk_bytes_per_token = bytes_per_token + (STATS_BYTES if backend == "hf" else 0)
     _check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin, overwrite)
-    _clear_output(out_dir, overwrite)
+    with output_lock(out_dir, "hidden-states directory"):  # nothing is deleted while another extract writes
+        _clear_output(out_dir, overwrite)
 
-    manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
-                             aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token, token_budget=token_budget,
-                             device=device, trust_remote_code=trust_remote_code,
-                             estimated_bytes=total_tokens * bytes_per_token)
-    write_json(out_dir / "manifest.json", manifest)
+        manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
+                                 aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token,
+                                 token_budget=token_budget, device=device, trust_remote_code=trust_remote_code,
+                                 estimated_bytes=total_tokens * bytes_per_token)
+        write_json(out_dir / "manifest.json", manifest)
 
-    forward = _VerifierForward(backend, verifier_path, ids, store_dtype, text_config, device=device,
-                               compute_dtype=compute_dtype, trust_remote_code=trust_remote_code,
-                               endpoints=endpoints, vllm_options=vllm_options)
-    stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0}
-    start, start_cpu = time.perf_counter(), time.process_time()
-    bar = progress(total=todo_tokens, desc="extract", unit="tok")
-    try:
-        for split in splits:
-            manifest["splits"][split] = _extract_split(
-                ds[split], split, plans[split], done[split], out_dir / split, forward, manifest, bar, stats,
-                token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype, dtype=dtype)
-    finally:
-        bar.close()
-        forward.close(manifest)
+        forward = _VerifierForward(backend, verifier_path, ids, store_dtype, text_config, device=device,
+                                   compute_dtype=compute_dtype, trust_remote_code=trust_remote_code,
+                                   endpoints=endpoints, vllm_options=vllm_options)
+        stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0}
+        start, start_cpu = time.perf_counter(), time.process_time()
+        bar = progress(total=todo_tokens, desc="extract", unit="tok")
+        try:
+            for split in splits:
+                manifest["splits"][split] = _extract_split(
+                    ds[split], split, plans[split], done[split], out_dir / split, forward, manifest, bar, stats,
+                    token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype, dtype=dtype)
+        finally:
+            bar.close()
+            forward.close(manifest)
 
-    if stats["tokens"]:
-        manifest["throughput"] = _throughput(stats, forward, start, start_cpu, device, compute_dtype, token_budget)
-    manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
-                          for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
-    manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
-    manifest["updated"] = now_iso()
-    write_json(out_dir / "manifest.json", manifest)
-    return manifest
+        if stats["tokens"]:
+            manifest["throughput"] = _throughput(stats, forward, start, start_cpu, device, compute_dtype, token_budget)
+        manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
+                              for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
+        manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
+        manifest["updated"] = now_iso()
+        write_json(out_dir / "manifest.json", manifest)
+        return manifest
 
 
 def _open_verifier(prepared_dir: Path, verifier: str | Path | Verifier | None, trust_remote_code: bool,
@@ -500,7 +503,7 @@ def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict 
         if diffs:
             raise Eagle3InputError(f"{out_dir} already holds hidden states made with different settings ("
                                    + "; ".join(diffs) + "); pass --overwrite to replace them or choose another --out")
-    elif out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+    elif out_dir.is_dir() and any(f.name != LOCK_NAME for f in out_dir.iterdir()) and not overwrite:
         raise Eagle3InputError(f"{out_dir} is not empty and has no extract manifest.json; choose a new --out "
                                f"directory or pass --overwrite")
     return old_manifest

@@ -51,6 +51,36 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+LOCK_NAME = ".eagle3-train.lock"
+
+
+@contextmanager
+def output_lock(out_dir: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `out_dir` (created) while a job writes into it: a second job into the same directory
+    stops with an error instead of deleting the first one's temporary files. The kernel drops the lock when the
+    holder exits, even by kill -9, so no stale lock is ever left to clear by hand."""
+    import fcntl
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / LOCK_NAME, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise Eagle3InputError(f"{what} {out_dir} is being written by another process (pid {holder}): wait for "
+                                   f"it to finish, or write to another directory") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def make_temp_dir(target: Path) -> Path:
     """A temporary sibling directory of `target` (same filesystem, so a rename publishes it atomically)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +113,7 @@ def claim_output_dir(path: str | os.PathLike, what: str, ours: Callable[[Path], 
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise Eagle3InputError(f"{what} {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not ours(path):
+    if path.is_dir() and any(f.name != LOCK_NAME for f in path.iterdir()) and not ours(path):
         raise Eagle3InputError(f"{what} {path} is not empty and is not an earlier output of this command; "
                                f"refusing to write into it (its files could be overwritten): choose a new or "
                                f"empty directory")
