@@ -69,6 +69,8 @@ def test_bad_layer_init_values_are_refused(tiny_stages):
     cfg = train_config(root, root / "unused", layer_init="verifier", layer_init_index=99)
     with pytest.raises(Eagle3InputError, match=r"layer_init_index 99: .* the verifier has 0\.\.3"):
         build_model(cfg, resolve_inputs(cfg))
+    with pytest.raises(Eagle3InputError, match="layer_init verifier .*train.finetune_from"):
+        train(train_config(root, root / "unused", layer_init="verifier", finetune_from=str(root / "any-draft")))
     cfg = train_config(root, root / "unused", layer_init="verifier", intermediate_size=24)
     with pytest.raises(Eagle3InputError, match=r"mlp.gate_proj.weight: shape .*train.intermediate_size"):
         build_model(cfg, resolve_inputs(cfg))

@@ -121,6 +121,9 @@ def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
     record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
                               "final_norm_init": cfg.final_norm_init, "layer_init": cfg.layer_init}
     if cfg.layer_init == "verifier":
+        if cfg.finetune_from:
+            raise Eagle3InputError("train.layer_init verifier starts the layers of a draft trained from scratch; with "
+                                   "train.finetune_from they come from the source draft: set one of the two")
         text = inputs.verifier_config.get("text_config", inputs.verifier_config)
         record["layer_init_layers"] = source_layers(cfg.layer_init_index, cfg.num_layers,
                                                     int(text["num_hidden_layers"]))
