@@ -60,9 +60,3 @@ def test_a_muon_run_resumes_exactly(tiny_stages, tmp_path):
     # a checkpoint of one optimizer does not silently resume under the other
     with pytest.raises(Eagle3InputError, match="optimizer"):
         train(train_config(root, tmp_path / "resumed", max_steps=6, optimizer="adamw", resume=True))
-
-
-def test_muon_refuses_equalised_features(tiny_stages, tmp_path):
-    root, _ = tiny_stages
-    with pytest.raises(Eagle3InputError, match="equalise_features .*train.optimizer adamw"):
-        train(train_config(root, tmp_path / "run", max_steps=1, optimizer="muon", equalise_features=True))

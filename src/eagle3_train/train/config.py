@@ -85,7 +85,7 @@ class TrainConfig:
     beta2: float = setting(0.95, "AdamW beta2")
     grad_clip: float = setting(0.5, "gradient norm clip (0: none)")
     equalise_features: bool = setting(
-        False, "train the fc as if every aux feature had the median feature's std (init and Adam steps of each fc "
+        False, "train the fc as if every aux feature had the median feature's std (init and optimizer steps of each fc "
                "column divided by its feature's relative std; the weights served are unchanged): a verifier's "
                "massive activations (SmolLM2: one feature ~300x the median std) otherwise take the largest steps "
                "(train/fc_scaling.py)")

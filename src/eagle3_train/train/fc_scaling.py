@@ -6,9 +6,10 @@ columns that read those features change the fused state hundreds of times more p
 dominate the gradient norm that clipping sees.
 
 The fix is a reparameterisation that keeps the served weights as they are: with s the per-feature std over its
-median, fc.weight W = V / s column by column, and Adam runs on V (the weight of the features divided by s). In W's
-terms: the init and each step's update of column d are divided by s_d, and the gradient that clipping and Adam see
-is W.grad / s. Checkpoints and exports hold W, so vLLM and SGLang serve the draft unchanged.
+median, fc.weight W = V / s column by column, and the optimizer (AdamW or Muon) runs on V (the weight of the features
+divided by s). In W's terms: the init and each step's update of column d are divided by s_d, and the gradient that
+clipping and the optimizer see is W.grad / s. Checkpoints and exports hold W, so vLLM and SGLang serve the draft
+unchanged.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def feature_scale(samples, rows: int = SAMPLE_ROWS) -> torch.Tensor:
 
 
 class EqualisedFC:
-    """Adam on V = W * s for the fc weight W [H, 3H]: call `init` once on a random draft, `precondition` between
-    backward and clipping, `step` instead of optimizer.step()."""
+    """The optimizer on V = W * s for the fc weight W [H, 3H]: call `init` once on a random draft, `precondition`
+    between backward and clipping, `step` instead of optimizer.step()."""
 
     def __init__(self, weight: torch.nn.Parameter, scale: torch.Tensor):
         self.weight = weight
@@ -48,6 +49,6 @@ class EqualisedFC:
     @torch.no_grad()
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         group = next(g for g in optimizer.param_groups if any(p is self.weight for p in g["params"]))
-        decayed = self.weight.detach() * (1 - group["lr"] * group["weight_decay"])  # what AdamW's decay leaves
+        decayed = self.weight.detach() * (1 - group["lr"] * group["weight_decay"])  # decoupled decay (AdamW, Muon)
         optimizer.step()
         self.weight.copy_(decayed + (self.weight - decayed) / self.scale)

@@ -31,9 +31,6 @@ class DraftOptimizer:
             raise Eagle3InputError(f"train.optimizer must be 'adamw' or 'muon', got '{cfg.optimizer}'")
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         muon_names = set(muon_parameter_names(model)) if cfg.optimizer == "muon" else set()
-        if muon_names and cfg.equalise_features:
-            raise Eagle3InputError("train.equalise_features rescales AdamW's fc steps; Muon orthogonalises them "
-                                   "instead: use it with train.optimizer adamw")
         self.optimizers: list[torch.optim.Optimizer] = [torch.optim.AdamW(
             [p for n, p in named if n not in muon_names], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
             weight_decay=cfg.weight_decay)]
