@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.verifier_head import tensor_locations
@@ -48,8 +49,6 @@ def load_verifier_layer(verifier_dir: str | Path, index: int) -> dict[str, torch
     if missing:
         raise Eagle3InputError(f"verifier {verifier_dir}: layer {index} is not a Llama-style layer, it lacks "
                                f"{', '.join(missing)}")
-    from safetensors import safe_open
-
     out = {}
     for name in _LAYER_TENSORS:
         with safe_open(str(loc[prefix + name]), "pt") as f:

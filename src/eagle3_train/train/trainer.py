@@ -92,8 +92,7 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         elif cfg.final_norm_init != "ones":
             raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
         if cfg.layer_init == "verifier":
-            text = inputs.verifier_config.get("text_config", inputs.verifier_config)
-            sources = source_layers(cfg.layer_init_index, draft_cfg.num_layers, int(text["num_hidden_layers"]))
+            sources = _layer_init_sources(cfg, inputs, draft_cfg.num_layers)
             if device != "meta":
                 for i, index in enumerate(sources):
                     copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
@@ -116,6 +115,12 @@ def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
     return f
 
 
+def _layer_init_sources(cfg: TrainConfig, inputs: RunInputs, num_layers: int) -> list[int]:
+    """The verifier layers `train.layer_init: verifier` copies into the draft's `num_layers` layers."""
+    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    return source_layers(cfg.layer_init_index, num_layers, int(text["num_hidden_layers"]))
+
+
 def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
     """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
     record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
@@ -124,9 +129,7 @@ def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
         if cfg.finetune_from:
             raise Eagle3InputError("train.layer_init verifier starts the layers of a draft trained from scratch; with "
                                    "train.finetune_from they come from the source draft: set one of the two")
-        text = inputs.verifier_config.get("text_config", inputs.verifier_config)
-        record["layer_init_layers"] = source_layers(cfg.layer_init_index, cfg.num_layers,
-                                                    int(text["num_hidden_layers"]))
+        record["layer_init_layers"] = _layer_init_sources(cfg, inputs, cfg.num_layers)
         record["layer_init_embed"] = cfg.layer_init_embed
     return record
 
