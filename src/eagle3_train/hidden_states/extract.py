@@ -45,10 +45,10 @@ from eagle3_train.data.prepare import check_prepared_tokenizer
 from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
-    LOCK_NAME,
     Eagle3InputError,
     atomic_path,
     check_at_least,
+    holds_files,
     output_lock,
     read_json,
     save_safetensors,
@@ -503,7 +503,7 @@ def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict 
         if diffs:
             raise Eagle3InputError(f"{out_dir} already holds hidden states made with different settings ("
                                    + "; ".join(diffs) + "); pass --overwrite to replace them or choose another --out")
-    elif out_dir.is_dir() and any(f.name != LOCK_NAME for f in out_dir.iterdir()) and not overwrite:
+    elif holds_files(out_dir) and not overwrite:
         raise Eagle3InputError(f"{out_dir} is not empty and has no extract manifest.json; choose a new --out "
                                f"directory or pass --overwrite")
     return old_manifest

@@ -13,10 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.verifier_head import tensor_locations
+from eagle3_train.model.verifier_head import load_tensor, tensor_locations
 from eagle3_train.utils.io import Eagle3InputError
 
 # Where a decoder layer's tensors live in HF checkpoints (plain, multimodal wrappers).
@@ -49,19 +48,14 @@ def load_verifier_layer(verifier_dir: str | Path, index: int) -> dict[str, torch
     if missing:
         raise Eagle3InputError(f"verifier {verifier_dir}: layer {index} is not a Llama-style layer, it lacks "
                                f"{', '.join(missing)}")
-    out = {}
-    for name in _LAYER_TENSORS:
-        with safe_open(str(loc[prefix + name]), "pt") as f:
-            out[name] = f.get_tensor(prefix + name)
-    return out
+    return {name: load_tensor(loc, (prefix + name,)) for name in _LAYER_TENSORS}
 
 
 @torch.no_grad()
-def copy_verifier_layer(model: Eagle3Draft, layer: int, tensors: dict[str, torch.Tensor], embed_half: str) -> None:
-    """Draft layer `layer` <- a verifier layer's tensors; `embed_half` ('random' or 'verifier') says how the
-    embedding half of the first layer's q/k/v starts."""
-    if embed_half not in ("random", "verifier"):
-        raise Eagle3InputError(f"train.layer_init_embed must be 'random' or 'verifier', got '{embed_half}'")
+def copy_verifier_layer(model: Eagle3Draft, layer: int, tensors: dict[str, torch.Tensor],
+                        embed_from_verifier: bool) -> None:
+    """Draft layer `layer` <- a verifier layer's tensors; the embedding half of the first layer's q/k/v keeps its
+    random init unless `embed_from_verifier`."""
     target = model.layers[layer]
     params = dict(target.named_parameters())
     for name, src in tensors.items():
@@ -74,7 +68,7 @@ def copy_verifier_layer(model: Eagle3Draft, layer: int, tensors: dict[str, torch
                 raise Eagle3InputError(f"verifier layer tensor {name}: shape {tuple(src.shape)}, the draft needs "
                                        f"{want}")
             dst[:, H:].copy_(src)  # the hidden half: the draft's residual stream
-            if embed_half == "verifier":
+            if embed_from_verifier:
                 dst[:, :H].copy_(src)
             continue
         if tuple(src.shape) != tuple(dst.shape):

@@ -72,7 +72,8 @@ def tensor_locations(verifier_dir: Path) -> dict[str, Path]:
     raise Eagle3InputError(f"verifier {verifier_dir} has no model.safetensors or model.safetensors.index.json")
 
 
-def _load(locations: dict[str, Path], keys: tuple[str, ...]) -> torch.Tensor | None:
+def load_tensor(locations: dict[str, Path], keys: tuple[str, ...]) -> torch.Tensor | None:
+    """The first of `keys` found in the checkpoint (`tensor_locations`), read alone; None if none is there."""
     for k in keys:
         if k in locations:
             with safe_open(str(locations[k]), "pt") as f:
@@ -86,10 +87,10 @@ def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.floa
     verifier_dir = Path(verifier_dir)
     config = json.loads((verifier_dir / "config.json").read_text())
     loc = tensor_locations(verifier_dir)
-    embed = _load(loc, _EMBED_KEYS)
+    embed = load_tensor(loc, _EMBED_KEYS)
     if embed is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
-    head = _load(loc, _HEAD_KEYS)
+    head = load_tensor(loc, _HEAD_KEYS)
     tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False))
     if head is None:
         if not tied:
@@ -106,7 +107,7 @@ def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
     if text.get("model_type") in _OTHER_NORMS:
         raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} has a final norm "
                                f"other than w * x / rms(x); not supported by the vLLM hidden-state backend")
-    weight = _load(tensor_locations(verifier_dir), _NORM_KEYS)
+    weight = load_tensor(tensor_locations(verifier_dir), _NORM_KEYS)
     if weight is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")
     return weight, float(text.get("rms_norm_eps", 1e-6))
@@ -190,7 +191,7 @@ def logit_transform(verifier_dir: str | Path, read_bias: bool = True) -> LogitTr
                                    f"does not reproduce for this model type, so the training targets would be "
                                    f"wrong; supported: softcapping for {sorted(_SOFTCAP)}, logit scales for "
                                    f"{sorted({**_MULTIPLY, **_DIVIDE, 'minicpm3': ''})}")
-    bias = _load(tensor_locations(verifier_dir), _BIAS_KEYS) if read_bias else None
+    bias = load_tensor(tensor_locations(verifier_dir), _BIAS_KEYS) if read_bias else None
     if bias is not None:
         t.bias = bias.float()
     return t

@@ -273,7 +273,7 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
     from eagle3_train.train.trainer import build_model, init_record
 
     init = init_record(cfg, inputs)
-    if cfg.layer_init == "verifier" and not cfg.finetune_from:
+    if cfg.layer_init == "verifier":  # init_record refused it beside finetune_from
         not_checked.append(f"the verifier layers {init['layer_init_layers']} copied by train.layer_init (no weight "
                            f"data is read)")
     d2t, t2d = inputs.d2t, inputs.t2d

@@ -14,6 +14,7 @@ import torch
 
 from eagle3_train.utils.io import Eagle3InputError
 
+STATE_PREFIXES = ("", "muon_")  # training-state keys per optimizer: AdamW's as before Muon existed, then Muon's
 ADAMW_ONLY = ("lm_head.",)  # 2-D, but a classifier: AdamW, as Muon's authors and speculators do
 
 
@@ -62,14 +63,13 @@ class DraftOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """`optimizer`/`scheduler` (AdamW, as in checkpoints before Muon) and `muon_*` for the Muon group."""
-        names = ("", "muon_")
         state: dict[str, Any] = {}
-        for prefix, o, s in zip(names, self.optimizers, self.schedulers):
+        for prefix, o, s in zip(STATE_PREFIXES, self.optimizers, self.schedulers):
             state[f"{prefix}optimizer"], state[f"{prefix}scheduler"] = o.state_dict(), s.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any], where: str) -> None:
-        for prefix, o, s in zip(("", "muon_"), self.optimizers, self.schedulers):
+        for prefix, o, s in zip(STATE_PREFIXES, self.optimizers, self.schedulers):
             if f"{prefix}optimizer" not in state:
                 raise Eagle3InputError(f"cannot resume from {where}: its training state has no {prefix}optimizer "
                                        f"(it was trained with another train.optimizer)")

@@ -93,10 +93,13 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
             raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
         if cfg.layer_init == "verifier":
             sources = _layer_init_sources(cfg, inputs, draft_cfg.num_layers)
+            if cfg.layer_init_embed not in ("random", "verifier"):
+                raise Eagle3InputError(f"train.layer_init_embed must be 'random' or 'verifier', got "
+                                       f"'{cfg.layer_init_embed}'")
             if device != "meta":
                 for i, index in enumerate(sources):
                     copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
-                                        cfg.layer_init_embed)
+                                        cfg.layer_init_embed == "verifier")
         elif cfg.layer_init != "random":
             raise Eagle3InputError(f"train.layer_init must be 'random' or 'verifier', got '{cfg.layer_init}'")
     if cfg.freeze_lm_head:

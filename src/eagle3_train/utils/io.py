@@ -54,6 +54,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 LOCK_NAME = ".eagle3-train.lock"
 
 
+def holds_files(path: Path) -> bool:
+    """`path` is a directory with something in it besides an `output_lock` file."""
+    return path.is_dir() and any(f.name != LOCK_NAME for f in path.iterdir())
+
+
 @contextmanager
 def output_lock(out_dir: str | os.PathLike, what: str) -> Iterator[None]:
     """Hold an exclusive lock on `out_dir` (created) while a job writes into it: a second job into the same directory
@@ -113,7 +118,7 @@ def claim_output_dir(path: str | os.PathLike, what: str, ours: Callable[[Path], 
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise Eagle3InputError(f"{what} {path} exists and is not a directory")
-    if path.is_dir() and any(f.name != LOCK_NAME for f in path.iterdir()) and not ours(path):
+    if holds_files(path) and not ours(path):
         raise Eagle3InputError(f"{what} {path} is not empty and is not an earlier output of this command; "
                                f"refusing to write into it (its files could be overwritten): choose a new or "
                                f"empty directory")
