@@ -33,6 +33,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("EAGLE3_TRAIN_CPU_BF16", "0")
+# MKL may otherwise run a GEMM on fewer threads than asked, differently in each process: a subprocess's result would
+# then differ in the last bits from the in-process side of a bit-exact comparison on Intel hosts (tests/numerics.py).
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 
 TINY_LLAMA_CONFIG = {
     "hidden_size": 64,
