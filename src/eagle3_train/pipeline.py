@@ -22,16 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
-from eagle3_train.utils.io import (
-    Eagle3InputError,
-    claim_output_dir,
-    has_file,
-    read_json,
-    set_aside,
-    sha256_file,
-    sha256_json,
-    write_json,
-)
+from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_json, write_json
+from eagle3_train.utils.outputs import claimed_output, has_file, set_aside
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import (
     add_settings_arguments,
@@ -143,8 +135,10 @@ class Pipeline:
     def run(self) -> dict[str, Any]:
         """Every enabled stage of STAGES in order, each skipped when done (see `stage`)."""
         rd = self.run_dir
-        claim_output_dir(rd, "run_dir", has_file("pipeline_state.json", "pipeline_config.json"))
-        rd.mkdir(parents=True, exist_ok=True)
+        with claimed_output(rd, "run", "run_dir", has_file("pipeline_state.json", "pipeline_config.json")):
+            return self._run_stages(rd)
+
+    def _run_stages(self, rd: Path) -> dict[str, Any]:
         write_json(rd / "pipeline_config.json", {"config": self.cfg, "environment": environment(), "time": now_iso()})
         ctx = self._context()
         for st in STAGES:
@@ -331,7 +325,7 @@ def _prepare_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.data.prepare import prepare
 
     return _counts(prepare(ctx.data_source, ctx.verifier, ctx.run_dir / "prepared", **_section(ctx, "prepare", "data"),
-                           trust_remote_code=ctx.trust_remote_code))
+                           trust_remote_code=ctx.trust_remote_code, overwrite=True))  # the run's own, redone on change
 
 
 def _vocab_run(ctx: RunContext, _v: str | None) -> Any:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.config import HS_DIR_HELP, TrainConfig
 from eagle3_train.utils.settings import markdown_table, setting
 
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -78,6 +78,8 @@ class PrepareSettings:
                                             "(counted by reason in the manifest, the first named) instead of stopping "
                                             "at the first")
     preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N")
+    overwrite: bool = setting(False, "replace an earlier prepared output in --out made from other data, another "
+                                     "verifier or other settings", yaml=False)
 
 
 @dataclass
@@ -170,6 +172,7 @@ class ExtractSettings:
     model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)",
                                 yaml=False)
     concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False)
+    hidden_states_dir: str | None = setting(None, HS_DIR_HELP + " (--backend vllm)", yaml=False)
     trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
 
 
@@ -308,7 +311,7 @@ class ServeSettings:
     layer_ids: str | None = setting(None, "aux layers 'low,mid,high' as in extract (default 2,L//2,L-3); the last "
                                           "layer is always captured too")
     hidden_states_dir: str | None = setting(None, "where the server writes each request's states (default: a "
-                                                  "temporary directory); the extract client must see the same path")
+                                                  "temporary directory); pass the same path to the extract client")
 
 
 @dataclass

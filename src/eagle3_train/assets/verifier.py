@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, atomic_path, sha256_file, sha256_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, sha256_file, sha256_json, write_json
+from eagle3_train.utils.outputs import atomic_dir, has_file
 from eagle3_train.utils.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,11 @@ def _embedded_gguf(name: str) -> Path:
     return path
 
 
+_OUTPUT = ("verifier", "converted verifier directory")
+SOURCE_RECORD = "eagle3_train_source.json"
+_converted = has_file(SOURCE_RECORD)  # a directory converted before output markers
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
     """De-quantize a GGUF model into a plain HF checkpoint (config without quantization_config)."""
     import torch
@@ -87,14 +93,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
-    with atomic_dir(out_dir) as tmp:  # the directory appears only when complete
+    with atomic_dir(out_dir, *_OUTPUT, _converted) as tmp:  # the directory appears only when complete
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("quantization_config", None)
         cfg_path.write_text(json.dumps(cfg, indent=2))
-        write_json(tmp / "eagle3_train_source.json", {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
+        write_json(tmp / SOURCE_RECORD, {"gguf": str(gguf_path), "gguf_sha256": sha256_file(gguf_path),
                                                         "dtype": dtype})
     return out_dir
 
@@ -278,9 +284,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     path = resolve_verifier(args.verifier)
-    if args.out:
-        with atomic_path(Path(args.out) / ".copied") as _:
-            shutil.copytree(path, args.out, dirs_exist_ok=True)
+    if args.out:  # never into a directory of someone else's files
+        with atomic_dir(args.out, *_OUTPUT, _converted) as tmp:
+            shutil.copytree(path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".eagle3-train.*"))
         path = Path(args.out)
     print(path)
     return 0

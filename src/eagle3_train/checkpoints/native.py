@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from safetensors.torch import load_file
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, read_json, save_safetensors, write_json
+from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, write_json
+from eagle3_train.utils.outputs import atomic_dir, marked_by
 
 WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
@@ -76,7 +78,7 @@ def save_weights(model: Eagle3Draft, directory: Path) -> None:
 def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
                     metadata: dict[str, Any]) -> Path:
     """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint."""
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory, "checkpoint", "checkpoint directory", is_checkpoint) as tmp:
         save_weights(model, tmp)
         model.config.save(tmp / CONFIG)
         if training_state is not None:
@@ -107,6 +109,9 @@ def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagl
     return model
 
 
+_STEP_DIR = re.compile(r"step-\d{7,}")
+
+
 def is_checkpoint(path: str | Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
@@ -121,13 +126,21 @@ def _latest_pointer(run_dir: Path) -> Path | None:
     pointer = run_dir / "checkpoints" / LATEST
     if not pointer.is_file():
         return None
-    return run_dir / "checkpoints" / str(read_json(pointer, "latest checkpoint pointer").get("dir"))
+    name = read_json(pointer, "latest checkpoint pointer").get("dir")
+    if not isinstance(name, str) or not _STEP_DIR.fullmatch(name):  # a plain step-N name: never a path elsewhere
+        raise Eagle3InputError(f"{pointer} names {name!r}, not a checkpoint of this run (expected step-NNNNNNN)")
+    return run_dir / "checkpoints" / name
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest resumable checkpoint of a run (None when it has none yet)."""
+    """The newest resumable checkpoint of a run (None when it has none yet). A pointer to a checkpoint that is gone
+    is an error: starting afresh would overwrite the run's older checkpoints."""
     d = _latest_pointer(Path(run_dir))
-    return d if d is not None and d.is_dir() else None
+    if d is not None and not is_checkpoint(d):
+        raise Eagle3InputError(f"{Path(run_dir) / 'checkpoints' / LATEST} points to {d.name}, which is missing or "
+                               f"incomplete: restore it, point latest.json at another checkpoint of "
+                               f"{d.parent}, or train into a new --out")
+    return d
 
 
 def mark_latest(run_dir: Path, directory: Path) -> None:
@@ -182,6 +195,11 @@ def recorded_verifier(draft: str | Path) -> str | None:
 
 
 def prune(out_dir: Path, keep_last: int) -> None:
-    ckpts = sorted((out_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    """Delete all but the newest `keep_last` periodic checkpoints: only `step-NNNNNNN` directories this tool wrote
+    (marked; or, from before markers, holding our checkpoint files), never anything else in checkpoints/."""
+    ckpts = sorted((p for p in (out_dir / "checkpoints").glob("step-*")
+                    if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
+                    and (marked_by(p, "checkpoint") or (is_checkpoint(p) and (p / METADATA).is_file()))),
+                   key=lambda p: int(p.name.split("-")[1]))
     for old in ckpts[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)

@@ -33,17 +33,8 @@ from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_ma
 from eagle3_train.data.reasoning import REASONING_KEY, check_reasoning_mode, place_reasoning, resolve_mode
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
 from eagle3_train.settings import Overflow, PrepareSettings
-from eagle3_train.utils.io import (
-    Eagle3InputError,
-    atomic_dir,
-    check_at_least,
-    claim_output_dir,
-    read_json,
-    sha256_file,
-    sha256_text,
-    stage_manifest,
-    write_json,
-)
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, sha256_file, sha256_text, write_json
+from eagle3_train.utils.outputs import atomic_dir, claim_output_dir, stage_manifest
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, choices, settings_from_args
@@ -96,23 +87,31 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
             reasoning: str = _D.reasoning, trust_remote_code: bool = _D.trust_remote_code,
-            skip_bad_records: bool = _D.skip_bad_records) -> dict[str, Any]:
+            skip_bad_records: bool = _D.skip_bad_records, overwrite: bool = _D.overwrite) -> dict[str, Any]:
     """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
 
     `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded).
     `skip_bad_records`: skip (and count in the manifest) source records that are not valid JSON/UTF-8 or not
-    conversations, instead of stopping at the first.
+    conversations, instead of stopping at the first. `overwrite`: replace an earlier prepared output in `out_dir`
+    made from other data, verifier or settings (without it that is refused; the same inputs are prepared again).
     """
     from transformers import AutoTokenizer
 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
     check_reasoning_mode(reasoning)
-    out_dir = claim_output_dir(out_dir, "prepared output directory", stage_manifest("prepare"))
+    out_dir = claim_output_dir(out_dir, "prepared output directory", "prepare", stage_manifest("prepare"),
+                               replaces=True, create=False)
+    _check_not_inside(source, out_dir)
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
     conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
     verifier = as_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
+    settings = {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
+                "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
+                "reasoning": reasoning, "skip_bad_records": skip_bad_records}
+    if not overwrite:
+        _check_same_inputs(out_dir, info.sha256, verifier.identity(), sha256_text(template or ""), settings)
     verifier_dir = verifier.path
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
@@ -141,10 +140,8 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
         "source": info.to_dict(),
         "verifier": {**verifier.identity(), "vocab_size": verifier_vocab_size(verifier_dir)},
         "tokenizer": _tokenizer_record(verifier_dir, tokenizer, masker.chat_template, template_source),
-        "settings": {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
-                     "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
-                     "reasoning": reasoning, "reasoning_placed": reasoning_mode,
-                     "template_renders_reasoning": renders_reasoning, "skip_bad_records": skip_bad_records},
+        "settings": {**settings, "reasoning_placed": reasoning_mode, "template_renders_reasoning": renders_reasoning},
+        "chat_template_override_sha256": sha256_text(template or ""),
         "counts": counts,
         "skip_examples": kept.examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},
@@ -243,6 +240,31 @@ class _Tokenized:
         }
 
 
+def _check_not_inside(source: str | Path, out_dir: Path) -> None:
+    """Preparing replaces `out_dir` as a whole: a source file inside it would be deleted with the old output."""
+    path = Path(source).expanduser()
+    if path.exists() and path.resolve().is_relative_to(out_dir.resolve()):
+        raise Eagle3InputError(f"--data {source} lies inside --out {out_dir}, which prepare replaces as a whole: "
+                               f"move the data out of it, or choose another --out")
+
+
+def _check_same_inputs(out_dir: Path, source_sha256: str, verifier: dict[str, Any], template_sha256: str,
+                       settings: dict[str, Any]) -> None:
+    """Refuse to replace an earlier prepared output made from other inputs or settings (--overwrite does)."""
+    if not (out_dir / "manifest.json").is_file():
+        return
+    old = read_json(out_dir / "manifest.json", "prepared-data manifest")
+    diffs = [name for name, was, now in [
+        ("data", (old.get("source") or {}).get("sha256"), source_sha256),
+        ("verifier", (old.get("verifier") or {}).get("config_sha256"), verifier.get("config_sha256")),
+        ("chat_template", old.get("chat_template_override_sha256", template_sha256), template_sha256),
+        *((k, (old.get("settings") or {}).get(k), v) for k, v in settings.items()),
+    ] if was != now]
+    if diffs:
+        raise Eagle3InputError(f"{out_dir} already holds data prepared with other {', '.join(diffs)}; pass "
+                               f"--overwrite to replace it, or choose another --out")
+
+
 def _tokenizer_record(verifier_dir: Path, tokenizer, chat_template: str, template_source: str) -> dict[str, Any]:
     tokenizer_json = verifier_dir / "tokenizer.json"
     return {
@@ -257,7 +279,8 @@ def _tokenizer_record(verifier_dir: Path, tokenizer, chat_template: str, templat
 
 def _write_prepared(out_dir: Path, by_split: dict[str, list[dict[str, Any]]], manifest: dict[str, Any],
                     t0: float) -> None:
-    with atomic_dir(out_dir) as tmp:  # claimed by prepare; replaces an earlier prepared output only when complete
+    # replaces an earlier prepared output only when complete
+    with atomic_dir(out_dir, "prepare", "prepared output directory", stage_manifest("prepare")) as tmp:
         # Explicit shard counts: datasets cannot load back an empty split saved with its default of 0 shards.
         shards = {k: max(1, -(-sum(s["length"] for s in v) * 5 // _SHARD_BYTES)) for k, v in by_split.items()}
         _to_dataset_dict(by_split).save_to_disk(str(tmp / "dataset"), num_shards=shards)
@@ -356,7 +379,7 @@ def main(args: argparse.Namespace) -> int:
                        val_fraction=s.val_fraction, seed=s.seed, limit=s.limit, chat_template=s.chat_template,
                        val_count=s.val_count, leading_assistant=s.leading_assistant,
                        reasoning=s.reasoning, trust_remote_code=s.trust_remote_code,
-                       skip_bad_records=s.skip_bad_records)
+                       skip_bad_records=s.skip_bad_records, overwrite=s.overwrite)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"

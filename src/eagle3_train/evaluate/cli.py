@@ -20,7 +20,7 @@ from typing import Any
 
 from eagle3_train.assets.verifier import required_verifier
 from eagle3_train.settings import OfflineEvalSettings, ServedEvalSettings
-from eagle3_train.utils.io import claim_output_dir, has_file
+from eagle3_train.utils.outputs import claim_output_dir, claimed_output, json_says
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                         description=ServedEvalSettings.__doc__.replace("\n    ", " ")))
 
 
+_OUTPUT = ("evaluate", "evaluation output directory")
+_offline_results = json_says("results.json", "mode", "offline")  # a directory from before output markers
+
+
 def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -50,7 +54,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
 
     s = settings_from_args(OfflineEvalSettings, args, prefixes=("evaluate", "offline"))
     if s.out:  # refuse a foreign directory before the (long) evaluation, not after
-        claim_output_dir(s.out, "evaluation output directory", has_file("results.json"))
+        s.out = str(claim_output_dir(s.out, *_OUTPUT, _offline_results, create=False))
     if s.threads:
         torch.set_num_threads(s.threads)
     verifier = required_verifier(s.verifier, recorded_verifier(s.draft), f"the draft {s.draft}")
@@ -60,7 +64,8 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
                                prepared=s.prepared, tie_tol=s.tie_tol)
     results["settings"].update(benchmark=s.benchmark, turns=s.turns, verifier=str(verifier))
     if s.out:
-        paths = write_report(results, s.out)
+        with claimed_output(s.out, *_OUTPUT, _offline_results):
+            paths = write_report(results, s.out)
         log.info("offline evaluation written to %s", ", ".join(paths.values()))
     print(format_table(results))
     return results

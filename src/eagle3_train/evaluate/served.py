@@ -27,7 +27,8 @@ from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_co
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
-from eagle3_train.utils.io import Eagle3InputError, check_at_least, claim_output_dir, has_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, write_json
+from eagle3_train.utils.outputs import claim_output_dir, claimed_output, has_file, json_says
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.settings import add_settings_arguments
 
@@ -191,13 +192,23 @@ def _served_model(base_url: str) -> str:
     return models[0]
 
 
+_OUTPUT = ("evaluate", "evaluation output directory")
+
+
+def _served_results(path: Path) -> bool:
+    """A served evaluation's directory from before output markers."""
+    return json_says("results.json", "mode", "served")(path) or has_file(
+        "served_completions.jsonl", "vllm-draft.log", "vllm-baseline.log")(path)
+
+
 def run_served(s: ServedEvalSettings) -> dict[str, Any]:
     quiet_http_logs()
     if s.out:  # refuse a foreign directory before any server starts
-        claim_output_dir(s.out, "evaluation output directory",
-                         has_file("results.json", "served_completions.jsonl", "vllm-draft.log", "vllm-baseline.log"))
+        s.out = str(claim_output_dir(s.out, *_OUTPUT, _served_results))
     prompts = load_prompts(s.benchmark, limit=s.num_prompts, turns=s.turns)
     with ExitStack() as stack:
+        if s.out:  # held while the servers write their logs there and until the results are written
+            stack.enter_context(claimed_output(s.out, *_OUTPUT, _served_results))
         endpoints, baseline = list(s.endpoint), s.baseline_endpoint
         servers: dict[str, Any] = {}
         if not endpoints:

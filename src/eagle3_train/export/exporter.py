@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from eagle3_train.assets.verifier import Verifier, as_verifier, servable_verifier
 from eagle3_train.checkpoints.formats import load_draft_source
@@ -29,7 +28,8 @@ from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_
 from eagle3_train.export.engines import ENGINES, check_target, engine_support
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings import ExportFormat, ExportSettings
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, claim_output_dir, read_json, sha256_file, write_json
+from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, sha256_file, write_json
+from eagle3_train.utils.outputs import atomic_dir, claim_output_dir, holds_files
 from eagle3_train.utils.provenance import now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
@@ -91,7 +91,7 @@ _SAME_EXPORT_KEYS = ("format", "dtype", "speculative_tokens", "includes_embed_to
 
 def _check_replace(out: Path, record: dict[str, Any]) -> None:
     """Refuse to replace an existing export made from another checkpoint or with other settings (--overwrite)."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not holds_files(out):
         return
     old = out / METADATA
     prev = (read_json(old, "export metadata").get("export") or {}) if old.is_file() else {}
@@ -118,7 +118,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     if dtype not in DTYPES:
         raise Eagle3InputError(f"--weight-dtype must be one of {list(DTYPES)}, got '{dtype}'")
     ckpt_dir = resolve_checkpoint(checkpoint)
-    out = claim_output_dir(out_dir, "export directory", is_export_dir)  # even with --overwrite: never a foreign dir
+    # even with --overwrite: never a foreign directory
+    out = claim_output_dir(out_dir, "export", "export directory", is_export_dir, replaces=True, create=False)
     source = {"format": fmt, "dtype": dtype, "speculative_tokens": speculative_tokens,
               "includes_embed_tokens": include_embed, "source_checkpoint": str(ckpt_dir),
               "source_weights_sha256": sha256_file(ckpt_dir / WEIGHTS) if (ckpt_dir / WEIGHTS).is_file() else None}
@@ -157,8 +158,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         if not verifier_name:
             raise Eagle3InputError("the speculators format records the verifier: pass --verifier")
         config = speculators_config_json(cfg, dtype, speculative_tokens, servable_verifier(verifier_name))
-    with atomic_dir(out, is_export_dir, "export directory") as tmp:
-        save_file(out_tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    with atomic_dir(out, "export", "export directory", is_export_dir) as tmp:
+        save_safetensors(out_tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         err = check_roundtrip(model, tmp, torch_dtype)
         record = {**source, "time": now_iso(), "max_logit_error_after_reload": err,

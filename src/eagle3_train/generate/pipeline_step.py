@@ -42,7 +42,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
                                 ) -> dict[str, Any]:
     """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
     regenerate the assistant turns of `source` into `out_dir`."""
-    from eagle3_train.generate.regenerate import SERVER_LOG, regenerate
+    from eagle3_train.generate.regenerate import SERVER_LOG, claim_generate_output, regenerate
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, message = vllm_available()
@@ -53,7 +53,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     if max_turns:
         source = str(cut_turns(source, out_dir.parent / "generate-source.jsonl", limit, int(max_turns),
                                bool(s.get("skip_bad_records", False))))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = claim_generate_output(out_dir)
     # a pipeline stage: on CPU, eager start-up pays off
     opts = {"startup_matters": True, "trust_remote_code": trust_remote_code, **(serving or {})}
     max_model_len = s.pop("max_model_len", GenerateSettings.max_model_len)

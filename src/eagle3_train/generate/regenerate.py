@@ -47,14 +47,8 @@ from eagle3_train.serving.client import (
     quiet_http_logs,
 )
 from eagle3_train.settings import GenerateSettings, Reasoning
-from eagle3_train.utils.io import (
-    Eagle3InputError,
-    check_at_least,
-    claim_output_dir,
-    read_json,
-    stage_manifest,
-    write_json,
-)
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, write_json
+from eagle3_train.utils.outputs import claim_output_dir, output_lock, stage_manifest
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -288,11 +282,20 @@ class _Files(typing.NamedTuple):
     manifest: Path
 
 
-def _claim_output(out_dir: Path) -> _Files:
-    # Ours: an earlier generate output, or only the log of the server started for it (--serve-verifier, run).
-    claim_output_dir(out_dir, "generate output directory",
-                     lambda p: stage_manifest("generate")(p) or {f.name for f in p.iterdir()} <= {SERVER_LOG})
-    out_dir.mkdir(parents=True, exist_ok=True)
+OUTPUT = ("generate", "generate output directory")
+
+
+def _written_by_generate(path: Path) -> bool:
+    """From before output markers: an earlier generate output, or only the log of the server started for it."""
+    return stage_manifest("generate")(path) or {f.name for f in path.iterdir()} <= {SERVER_LOG}
+
+
+def claim_generate_output(out_dir: str | Path) -> Path:
+    """Claim `out_dir` for generate; called before a server started for it writes its log there."""
+    return claim_output_dir(out_dir, *OUTPUT, _written_by_generate)
+
+
+def _files(out_dir: Path) -> _Files:
     return _Files(out_dir / OUTPUT_FILE, out_dir / SKIPPED_FILE, out_dir / MANIFEST_FILE)
 
 
@@ -392,9 +395,19 @@ async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling,
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
                       limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
                       api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
+
+    out_dir = claim_generate_output(out_dir)
+    with output_lock(out_dir, OUTPUT[1]):  # one writer: two would interleave their records
+        return await _regenerate_locked(source, _files(out_dir), endpoints, model, limit, concurrency, sampling,
+                                        timeout_s, max_retries, api_key, overwrite, extra_manifest, skip_bad_records)
+
+
+async def _regenerate_locked(source: str | Path, files: _Files, endpoints: list[str], model: str | None,
+                             limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float,
+                             max_retries: int, api_key: str, overwrite: bool, extra_manifest: dict,
+                             skip_bad_records: bool) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
-    files = _claim_output(out_dir)
     pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
     try:
         model = await _served_model(pool, model)
@@ -484,7 +497,7 @@ def main(args: argparse.Namespace) -> int:
     name = s.model or Path(str(s.serve_verifier)).name
     server = VLLMServer(resolve_verifier(s.serve_verifier), served_model_name=name,
                         max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager, vllm_args=s.vllm_args,
-                        log_path=Path(s.out) / SERVER_LOG)
+                        log_path=claim_generate_output(s.out) / SERVER_LOG)
     with server:
         regenerate(s.data, s.out, endpoints + [server.base_url], name,
                    extra_manifest={"embedded_server": {"verifier": str(s.serve_verifier),

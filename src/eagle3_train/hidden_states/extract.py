@@ -48,13 +48,12 @@ from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
     check_at_least,
-    holds_files,
-    output_lock,
     read_json,
     save_safetensors,
     sha256_file,
     write_json,
 )
+from eagle3_train.utils.outputs import claim_output_dir, claimed_output, holds_files, json_says
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -335,9 +334,11 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     `concurrency`, ... of `VLLMHiddenStates`).
     Returns the manifest.
     """
-    out_dir, prepared_dir = Path(out_dir), Path(prepared_dir)
+    prepared_dir = Path(prepared_dir)
     splits = tuple(_D().splits if splits is None else splits)
-    _check_arguments(splits, token_budget, max_samples, backend, endpoints)
+    _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options)
+    # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
+    out_dir = claim_output_dir(out_dir, "extract", WHAT, _LEGACY, create=False)
     store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
@@ -377,7 +378,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     # the HF backend's verifier stats add STATS_BYTES per token to the hidden states' bytes_per_token
     disk_bytes_per_token = bytes_per_token + (STATS_BYTES if backend == "hf" else 0)
     _check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin, overwrite)
-    with output_lock(out_dir, "hidden-states directory"):  # nothing is deleted while another extract writes
+    with claimed_output(out_dir, "extract", WHAT, _LEGACY):  # nothing is deleted while another extract writes
         _clear_output(out_dir, overwrite)
 
         manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
@@ -462,7 +463,7 @@ def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[st
 
 
 def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int | None, backend: str,
-                     endpoints: Sequence[str]) -> None:
+                     endpoints: Sequence[str], vllm_options: dict[str, Any] | None) -> None:
     if not splits:
         raise Eagle3InputError("no splits to extract")
     check_at_least("token_budget", token_budget, 1)
@@ -472,6 +473,9 @@ def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int 
     if backend == "vllm" and not endpoints:
         raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
                                "`eagle3-train serve --extract-hidden-states`)")
+    if backend == "vllm" and not (vllm_options or {}).get("hidden_states_dir"):
+        raise Eagle3InputError("--backend vllm needs --hidden-states-dir DIR: the directory the servers write each "
+                               "request's states to (`eagle3-train serve` prints it), as this machine sees it")
 
 
 def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text_config) -> list[ShardPlan]:
@@ -486,6 +490,10 @@ def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text
                                f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
                                f"shorter max length")
     return plan_shards(lengths, shard_tokens)
+
+
+WHAT = "hidden-states directory"
+_LEGACY = json_says("manifest.json", "format", FORMAT)  # written before output markers existed
 
 
 def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict | None:
@@ -503,9 +511,9 @@ def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict 
         if diffs:
             raise Eagle3InputError(f"{out_dir} already holds hidden states made with different settings ("
                                    + "; ".join(diffs) + "); pass --overwrite to replace them or choose another --out")
-    elif holds_files(out_dir) and not overwrite:
-        raise Eagle3InputError(f"{out_dir} is not empty and has no extract manifest.json; choose a new --out "
-                               f"directory or pass --overwrite")
+    elif holds_files(out_dir) and not overwrite:  # ours (claimed), from a run killed before its manifest
+        raise Eagle3InputError(f"{out_dir} holds files of an earlier extract but no manifest.json; pass "
+                               f"--overwrite to replace them, or choose a new --out directory")
     return old_manifest
 
 
@@ -720,7 +728,8 @@ def main(args: argparse.Namespace) -> int:
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
                        backend=s.backend, endpoints=s.endpoint, hash_weights=s.hash_weights,
-                       vllm_options={"model": s.model, "concurrency": s.concurrency},
+                       vllm_options={"model": s.model, "concurrency": s.concurrency,
+                                     "hidden_states_dir": s.hidden_states_dir},
                        trust_remote_code=s.trust_remote_code)
     c, tp = manifest["counts"], manifest.get("throughput") or {}
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {_gib(c['bytes'])} in {s.out} "

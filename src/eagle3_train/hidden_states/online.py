@@ -28,6 +28,7 @@ import torch
 from eagle3_train.hidden_states.source import Features
 from eagle3_train.hidden_states.vllm_backend import ServerUnavailable, VLLMHiddenStates
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.outputs import claim_output_dir, json_says
 from eagle3_train.utils.provenance import environment, now_iso
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,14 @@ log = logging.getLogger(__name__)
 class OnlineSource:
     def __init__(self, split: str, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
                  dtype: torch.dtype, *, model: str | None = None, concurrency: int = 8, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, hidden_states_dir: str | Path | None = None) -> None:
         self.split = split
         self.skipped = 0
         self.rank, self.world_size = rank, world_size
         # At equal load rank r sends to endpoint r % n first: ranks with few requests in flight spread over servers.
         self.client = VLLMHiddenStates(endpoints, verifier_dir, layer_ids, dtype, model=model,
-                                       concurrency=concurrency, first_endpoint=rank)
+                                       concurrency=concurrency, first_endpoint=rank,
+                                       hidden_states_dir=hidden_states_dir)
         self.servers = self.client.open()  # fails fast with a clear error when no server answers
 
     def sample_indices(self) -> list[int] | None:
@@ -119,6 +121,10 @@ class HybridSource(OnlineSource):
     def _ready(self) -> None:
         if self.reader is not None:
             return
+        from eagle3_train.hidden_states.extract import FORMAT
+
+        claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", json_says("manifest.json", "format",
+                                                                                          FORMAT))
         self.split_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
             mpath = self.dir / "manifest.json"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,18 +94,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.float() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def read_and_remove(path: str) -> dict[str, Any]:
-    """Read a file the connector wrote (waiting for its writer's lock) and delete it and its lock file."""
+def served_file(path: str, allowed_dir: Path) -> Path:
+    """The hidden-state file a server named, accepted only as a plain file directly under `allowed_dir` (the
+    server's --hidden-states-dir as this client sees it): an endpoint's answer must never make the client open or
+    delete anything else (no symlink, no `..`, no other directory)."""
+    p = Path(path)
+    root = allowed_dir.resolve()
+    if not p.is_absolute() or ".." in p.parts or p.parent.resolve() != root or p.is_symlink() or \
+            Path(path + ".lock").is_symlink():
+        raise Eagle3InputError(f"the server named {path} as its hidden-state file, which is not a file directly in "
+                               f"--hidden-states-dir {allowed_dir}: refusing to read or delete it (pass the "
+                               f"directory the server writes to, as this machine sees it)")
+    return root / p.name
+
+
+def read_and_remove(path: Path) -> dict[str, Any]:
+    """Read a file the connector wrote (waiting for its writer's lock), then delete it and its lock file; a file
+    that cannot be read is left in place."""
     from safetensors import safe_open
 
-    lock = path + ".lock"
+    lock = Path(f"{path}.lock")
     try:
         with open(lock) as lf:
             fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the server has written the file
     except FileNotFoundError:
         pass  # the connector may run without locks; the file is renamed into place when complete
     try:
-        with safe_open(path, framework="pt") as f:
+        with safe_open(str(path), framework="pt") as f:
             out = {k: f.get_tensor(k) for k in f.keys()}
             out["metadata"] = f.metadata() or {}
     except FileNotFoundError:
@@ -114,12 +128,8 @@ def read_and_remove(path: str) -> dict[str, Any]:
             f"the server named {path} as the hidden-state file but it does not exist here: the client must see the "
             f"server's --hidden-states-dir at the same path (same machine or a shared mount), and the server log may "
             f"show a failed write") from None
-    finally:
-        for p in (path, lock):
-            try:
-                os.remove(p)
-            except FileNotFoundError:
-                pass
+    for p in (path, lock):
+        p.unlink(missing_ok=True)
     return out
 
 
@@ -134,9 +144,14 @@ class VLLMHiddenStates:
     def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
                  store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = CONCURRENCY,
                  timeout_s: float = 600.0, max_retries: int = 6, api_key: str = "EMPTY",
-                 first_endpoint: int = 0) -> None:
+                 first_endpoint: int = 0, hidden_states_dir: str | Path | None = None) -> None:
         if not endpoints:
             raise Eagle3InputError(f"--backend vllm needs --endpoint URL (a hidden-state server; {SERVE_HINT})")
+        if not hidden_states_dir or not Path(hidden_states_dir).is_dir():
+            raise Eagle3InputError(f"hidden-state servers need --hidden-states-dir: the directory the server writes "
+                                   f"each request's states to, as this machine sees it (got {hidden_states_dir!r}, "
+                                   f"not an existing directory; {SERVE_HINT})")
+        self.hidden_states_dir = Path(hidden_states_dir)
         if concurrency < 1:
             raise Eagle3InputError(f"concurrency must be >= 1, got {concurrency}")
         self.endpoints = [e.rstrip("/") for e in endpoints]
@@ -253,7 +268,7 @@ class VLLMHiddenStates:
             raise Eagle3InputError(f"{url} returned no kv_transfer_params.hidden_states_path: it is not a "
                                    f"hidden-state server ({SERVE_HINT})")
         t1 = time.perf_counter()
-        data = await asyncio.to_thread(read_and_remove, path)
+        data = await asyncio.to_thread(read_and_remove, served_file(path, self.hidden_states_dir))
         self.timing["request_s"] += t1 - t0
         self.timing["read_s"] += time.perf_counter() - t1
         echoed = (response.get("choices") or [{}])[0].get("prompt_token_ids")

@@ -412,6 +412,7 @@ def main(args: argparse.Namespace) -> int:
         if server.hidden_states_dir is not None:
             print(f"capturing layers {server.hidden_states_layer_ids} into {server.hidden_states_dir}; use it with "
                   f"`eagle3-train extract --backend vllm --endpoint {server.base_url} --verifier {model} "
+                  f"--hidden-states-dir {server.hidden_states_dir} "
                   f"--layer-ids {','.join(map(str, server.hidden_states_layer_ids[:-1]))} ...`", flush=True)
         while server.running():
             time.sleep(1.0)

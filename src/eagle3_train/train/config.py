@@ -7,6 +7,10 @@ from typing import Any, ClassVar, Literal
 
 from eagle3_train.utils.settings import setting
 
+# shared with extract's settings (settings.py)
+HS_DIR_HELP = ("the directory the hidden-state servers write each request's states to (their --hidden-states-dir), as "
+               "this machine sees it; the client reads and deletes files only there")
+
 Loss = Literal["ce", "tv", "nla", "kl+tv", "kl+nla"]  # train/losses.py
 
 # What may differ between an interrupted run and its resume: where things live (data identity is checked by hash),
@@ -16,7 +20,7 @@ RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
     "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "overwrite", "stop_after",
     "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run", "endpoint",
-    "served_model", "prefetch", "online_concurrency"})
+    "served_model", "prefetch", "online_concurrency", "hidden_states_dir"})
 
 
 @dataclass
@@ -41,6 +45,7 @@ class TrainConfig:
         "bfloat16", "online/hybrid: dtype the fetched states are rounded to (as extract stores them)")
     prefetch: int = setting(2, "online/hybrid: batches requested ahead of use (at most this many wait in memory)")
     online_concurrency: int = setting(8, "online/hybrid: requests in flight per rank over all endpoints")
+    hidden_states_dir: str | None = setting(None, "online/hybrid: " + HS_DIR_HELP, yaml=False)
     vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
     out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)

@@ -128,7 +128,8 @@ def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) ->
 
     dtype = getattr(torch, cfg.hidden_states_dtype)
     online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier_dir, layer_ids=inputs.layer_ids, dtype=dtype,
-                  model=cfg.served_model, concurrency=cfg.online_concurrency, rank=rank, world_size=world_size)
+                  model=cfg.served_model, concurrency=cfg.online_concurrency, rank=rank, world_size=world_size,
+                  hidden_states_dir=cfg.hidden_states_dir)
     if mode == "online":
         return TrainingSamples(cfg.prepared, OnlineSource(split, **online), split)
     if mode != "hybrid":

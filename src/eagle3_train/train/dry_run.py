@@ -30,8 +30,9 @@ from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
-from eagle3_train.train.metadata import build_metadata
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, write_json
+from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
+from eagle3_train.utils.io import Eagle3InputError, write_json
+from eagle3_train.utils.outputs import claim_output_dir
 from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
@@ -314,8 +315,7 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     from eagle3_train.model.verifier_head import verifier_head_shapes
 
     out = Path(cfg.out)
-    claim_output_dir(out, "training output directory",
-                     has_file("training_metadata.json", "checkpoints", "metrics.jsonl", METADATA_FILE))
+    claim_output_dir(out, *OUTPUT, written_by_train)
     checked: list[str] = []
     not_checked: list[str] = []
     precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.utils.outputs import json_says
 from eagle3_train.utils.provenance import environment, now_iso
 
 FORMAT = "eagle3-train/training-metadata"
 VERSION = 1
+OUTPUT = ("train", "training output directory")  # the stage that owns a run directory, and what errors call it
+
+
+def written_by_train(path: Path) -> bool:
+    """A run directory from before output markers: its (dry-run) training metadata carries our format."""
+    return any(json_says(name, "format", FORMAT)(path)
+               for name in ("training_metadata.json", "training_metadata.dry-run.json"))
 
 
 def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any], world_size: int, *, started: str,

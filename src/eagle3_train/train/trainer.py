@@ -38,7 +38,7 @@ from eagle3_train.train.distributed import (
 from eagle3_train.train.fc_scaling import EqualisedFC, feature_scale
 from eagle3_train.train.inputs import RunInputs, resolve_inputs
 from eagle3_train.train.losses import check_loss
-from eagle3_train.train.metadata import build_metadata
+from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
 from eagle3_train.train.optimizer import DraftOptimizer
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
@@ -46,7 +46,8 @@ from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.config import load_yaml
 from eagle3_train.utils.host_memory import active_allocator, malloc_trim
-from eagle3_train.utils.io import Eagle3InputError, claim_output_dir, has_file, set_aside, write_json
+from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.outputs import claim_output_dir, output_lock, set_aside
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -269,7 +270,7 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out)
         if latest is None:
             return False
-        prev = json.loads((latest / ckpt.METADATA).read_text())
+        prev = read_json(latest / ckpt.METADATA, "training metadata of the checkpoint")
         conflicts = self.cfg.resume_conflicts(prev.get("settings", {}))
         hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
                                     self.inputs.prepared_manifest_sha256),
@@ -431,18 +432,20 @@ class Trainer:
         barrier(self.info)  # every rank has seen the old checkpoints before rank 0 moves them
         if self.info.is_main:
             aside = set_aside(self.out)
-            self.out.mkdir(parents=True)
             log.warning("--overwrite: moved the run in %s to %s", self.out, aside)
         barrier(self.info)
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        if not self.info.is_main:
+            return self._run()
+        # rank 0 holds --out for the whole run: a second run into it stops instead of writing the same files
+        claim_output_dir(self.out, *OUTPUT, written_by_train)
+        with output_lock(self.out, OUTPUT[1]):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
-        if self.info.is_main:
-            claim_output_dir(self.out, "training output directory",
-                             has_file("training_metadata.json", "checkpoints", "metrics.jsonl",
-                                      "training_metadata.dry-run.json"))
-            self.out.mkdir(parents=True, exist_ok=True)
         barrier(self.info)
         if cfg.resume:
             if not self.resume():

@@ -31,12 +31,12 @@ from eagle3_train.utils.io import (
     Eagle3InputError,
     atomic_path,
     check_at_least,
-    claim_output_dir,
     read_json,
+    save_safetensors,
     sha256_file,
-    stage_manifest,
     write_json,
 )
+from eagle3_train.utils.outputs import claim_output_dir, claimed_output, stage_manifest
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -113,11 +113,11 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = Vocab
     A vocabulary already in `out_dir` made from the same prepared data and size is rebuilt (same result); one made
     otherwise is replaced only with `overwrite`."""
     import torch
-    from safetensors.torch import save_file
 
     t0 = time.time()
     prepared_dir = Path(prepared_dir)
-    out_dir = claim_output_dir(out_dir, "vocab output directory", stage_manifest("vocab"))
+    what = "vocab output directory"
+    out_dir = claim_output_dir(out_dir, "vocab", what, stage_manifest("vocab"), create=False)
     check_at_least("draft vocabulary size", size, 1)
     dd, prep = load_prepared(prepared_dir)
     if not overwrite:
@@ -142,29 +142,29 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = Vocab
     for k in sorted({min(s, vocab_size) for s in COVERAGE_SIZES} | {chosen}):
         table.append({"size": k, "train": coverage(train, order[:k]), "validation": coverage(val, order[:k])})
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_path = out_dir / VOCAB_FILE
-    with atomic_path(vocab_path) as tmp:
-        save_file({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, str(tmp),
-                  metadata={"format": "pt"})
-    manifest = {
-        "stage": "vocab",
-        "created": now_iso(),
-        "prepared": {"path": str(prepared_dir), "manifest_sha256": sha256_file(prepared_dir / "manifest.json")},
-        "verifier_vocab_size": vocab_size,
-        "requested_size": size,
-        "size": chosen,
-        "distinct_supervised_train_tokens": distinct,
-        "padded_with_unused": max(chosen - distinct, 0),
-        "supervised_tokens": {TRAIN: int(train.sum()), VALIDATION: int(val.sum())},
-        "coverage": {TRAIN: coverage(train, ids), VALIDATION: coverage(val, ids)},
-        "coverage_table": table,
-        "vocab_file": VOCAB_FILE,
-        "vocab_sha256": sha256_file(vocab_path),
-        "environment": environment(),
-        "elapsed_s": round(time.time() - t0, 3),
-    }
-    write_json(out_dir / "manifest.json", manifest)
+    with claimed_output(out_dir, "vocab", what, stage_manifest("vocab")):
+        vocab_path = out_dir / VOCAB_FILE
+        with atomic_path(vocab_path) as tmp:
+            save_safetensors({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, tmp,
+                             metadata={"format": "pt"})
+        manifest = {
+            "stage": "vocab",
+            "created": now_iso(),
+            "prepared": {"path": str(prepared_dir), "manifest_sha256": sha256_file(prepared_dir / "manifest.json")},
+            "verifier_vocab_size": vocab_size,
+            "requested_size": size,
+            "size": chosen,
+            "distinct_supervised_train_tokens": distinct,
+            "padded_with_unused": max(chosen - distinct, 0),
+            "supervised_tokens": {TRAIN: int(train.sum()), VALIDATION: int(val.sum())},
+            "coverage": {TRAIN: coverage(train, ids), VALIDATION: coverage(val, ids)},
+            "coverage_table": table,
+            "vocab_file": VOCAB_FILE,
+            "vocab_sha256": sha256_file(vocab_path),
+            "environment": environment(),
+            "elapsed_s": round(time.time() - t0, 3),
+        }
+        write_json(out_dir / "manifest.json", manifest)
     log.info("draft vocabulary: %d of %d tokens, train coverage %.4f -> %s", chosen, vocab_size,
              manifest["coverage"][TRAIN], vocab_path)
     return manifest
