@@ -46,7 +46,8 @@ def run(backend: str, prepared: Path, out: Path, args, server=None) -> dict:
     from eagle3_train.hidden_states.extract import extract
 
     shutil.rmtree(out, ignore_errors=True)
-    kw = {"backend": "vllm", "endpoints": [server.base_url], "vllm_options": {"concurrency": args.concurrency}} \
+    kw = {"backend": "vllm", "endpoints": [server.base_url],
+          "vllm_options": {"concurrency": args.concurrency, "hidden_states_dir": server.hidden_states_dir}} \
         if backend == "vllm" else {"device": "cpu"}
     server_cpu0 = group_cpu_seconds(server.proc.pid) if server else 0.0
     t0 = time.perf_counter()

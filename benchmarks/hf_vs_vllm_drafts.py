@@ -44,7 +44,8 @@ def main() -> None:
         with hidden_states_server(verifier, storage_dir=WORK / "server-states", log_path=WORK / "vllm-hs.log") as s:
             t0 = time.perf_counter()
             extract(data.OUT / "prepared", verifier, hidden, backend="vllm", endpoints=[s.base_url],
-                    vllm_options={"concurrency": args.concurrency}, dtype="bfloat16", splits=("train",))
+                    vllm_options={"concurrency": args.concurrency, "hidden_states_dir": s.hidden_states_dir},
+                    dtype="bfloat16", splits=("train",))
             extract_s = round(time.perf_counter() - t0, 1)
     else:
         extract_s = None

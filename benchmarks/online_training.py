@@ -67,7 +67,8 @@ def main() -> int:
         results["server_startup_s"] = round(time.perf_counter() - t0, 1)
         t1 = time.perf_counter()
         m = extract(prepared, verifier, work / "hidden", dtype="bfloat16", backend="vllm",
-                    endpoints=[server.base_url], vllm_options={"concurrency": args.concurrency})
+                    endpoints=[server.base_url], vllm_options={"concurrency": args.concurrency,
+                                                               "hidden_states_dir": server.hidden_states_dir})
         results["extract"] = {"wall_s": round(time.perf_counter() - t1, 1), "tokens": m["counts"]["tokens"],
                               "bytes": m["counts"]["bytes"]}
         common = dict(prepared=str(prepared), vocab=str(work / "vocab"), max_steps=args.steps, seed=0,
@@ -76,6 +77,7 @@ def main() -> int:
         for mode in ("offline", "online"):
             extra = dict(hidden_states=str(work / "hidden")) if mode == "offline" else dict(
                 hidden_states_mode="online", endpoint=[server.base_url], prefetch=args.prefetch,
+                hidden_states_dir=str(server.hidden_states_dir),
                 online_concurrency=args.concurrency)
             t2 = time.perf_counter()
             r = train(TrainConfig(out=str(work / f"train-{mode}"), **common, **extra))

@@ -14,7 +14,6 @@ import torch
 from numerics import fixed_threads
 from safetensors.torch import save_file
 
-
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.config import TrainConfig

@@ -245,6 +245,20 @@ def test_skip_bad_records_counts_reasons_and_names_first_lines(tmp_path):
     assert [c.id for c in it3] == ["g1", "g3"]
 
 
+def test_a_line_cut_between_tokens_skips_that_line_only(tmp_path):
+    """A JSON Lines record cut after a comma: the decoder reads on into the next line; that next, valid record must
+    be kept, and one bad record counted."""
+    f = tmp_path / "cut.jsonl"
+    good = [json.dumps({"id": f"g{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                     {"role": "assistant", "content": f"a{i}"}]}) for i in range(3)]
+    f.write_text(good[0] + "\n" + '{"id": "cut", "messages": [{"role": "user", ' + "\n" + good[1] + "\n" + good[2]
+                 + "\n")
+    it, info = load_conversations(f, skip_bad_records=True)
+    assert [c.id for c in it] == ["g0", "g1", "g2"]
+    assert info.bad_records == {"invalid_json": 1}
+    assert [e["line"] for e in info.bad_record_examples] == [2]
+
+
 def test_skip_bad_records_in_a_json_array_and_all_bad(tmp_path):
     f = tmp_path / "dump.json"
     f.write_bytes(b'[\n{"id": "a", "messages": [{"role": "user", "content": "q"}]},\n{"id": "b", "mess\n'

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from numerics import fp32_atol
+from safetensors import safe_open
 from stage_helpers import assert_same_hidden_states, kill_after_first_shard
 
 from eagle3_train import cli
@@ -355,7 +355,7 @@ def test_a_second_extract_into_the_same_dir_stops_and_deletes_nothing(tmp_path, 
     kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)
     extract(mixed_prepared, tiny_llama, out, **kw)  # the directory as a writer leaves it between two shards
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from eagle3_train.utils.io import output_lock\n"
+                               "from eagle3_train.utils.outputs import output_lock\n"
                                f"with output_lock({str(out)!r}, 'x'):\n"
                                "    print('locked', flush=True)\n    time.sleep(120)\n"],
                               stdout=subprocess.PIPE, text=True)

@@ -60,7 +60,7 @@ def vllm_run(tmp_path_factory, prepared, smollm2_dir, server) -> Path:
     args = ["extract", "--backend", "vllm", "--endpoint", server.base_url, "--prepared", str(prepared),
             "--verifier", str(smollm2_dir), "--out", str(out), "--dtype", OPTS["dtype"],
             "--shard-tokens", str(OPTS["shard_tokens"]), "--token-budget", str(OPTS["token_budget"]),
-            "--concurrency", "4"]
+            "--concurrency", "4", "--hidden-states-dir", str(server.hidden_states_dir)]
     assert cli.main(args) == 0
     return out
 
@@ -131,7 +131,8 @@ def test_resume_after_partial_output(tmp_path, vllm_run, prepared, smollm2_dir, 
     (out / "manifest.json").write_text(json.dumps(manifest))
     kept = {e["file"]: (out / "train" / e["file"]).stat().st_mtime_ns for e in index["shards"]}
 
-    again = extract(prepared, smollm2_dir, out, backend="vllm", endpoints=[server.base_url], **OPTS)
+    again = extract(prepared, smollm2_dir, out, backend="vllm", endpoints=[server.base_url], **OPTS,
+                    vllm_options={"hidden_states_dir": server.hidden_states_dir})
     assert again["status"] == "complete" and not list(out.glob("**/*.tmp"))
     assert {f: (out / "train" / f).stat().st_mtime_ns for f in kept} == kept, "finished shards were recomputed"
     assert_same_hidden_states(vllm_run, out, ["train"])
@@ -142,7 +143,8 @@ def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server)
     cmd = [sys.executable, "-m", "eagle3_train.cli", "extract", "--backend", "vllm", "--endpoint", server.base_url,
            "--prepared", str(prepared), "--verifier", str(smollm2_dir), "--out", str(out), "--dtype", OPTS["dtype"],
            "--shard-tokens", str(OPTS["shard_tokens"]), "--token-budget", str(OPTS["token_budget"]),
-           "--concurrency", "1"]  # one request at a time: slow enough to be killed between shards
+           # one request at a time: slow enough to be killed between shards
+           "--concurrency", "1", "--hidden-states-dir", str(server.hidden_states_dir)]
     env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
     index = kill_after_first_shard(cmd, env, out)
     assert 1 <= len(index["shards"]) < index["num_shards"]
@@ -157,9 +159,10 @@ def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server)
 def test_bad_endpoint_and_wrong_layers(tmp_path, prepared, smollm2_dir, server):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(Eagle3InputError, match=r"cannot (reach|list the models of).*serve --extract-hidden-states"):
-        extract(prepared, smollm2_dir, tmp_path / "a", backend="vllm", endpoints=[dead], **OPTS)
+        extract(prepared, smollm2_dir, tmp_path / "a", backend="vllm", endpoints=[dead], **OPTS,
+                vllm_options={"hidden_states_dir": server.hidden_states_dir})
     with pytest.raises(Eagle3InputError, match="needs --endpoint"):
         extract(prepared, smollm2_dir, tmp_path / "b", backend="vllm", **OPTS)
     with pytest.raises(Eagle3InputError, match=r"captures layers \[2,15,27,30\].*needs \[1, 15, 27, 30\]"):
         extract(prepared, smollm2_dir, tmp_path / "c", backend="vllm", endpoints=[server.base_url],
-                layer_ids=(1, 15, 27), **OPTS)
+                layer_ids=(1, 15, 27), **OPTS, vllm_options={"hidden_states_dir": server.hidden_states_dir})

@@ -119,11 +119,11 @@ def test_cli_read_only_output_is_a_clear_error(tiny_llama_dir, tmp_path, capsys)
 
 
 def test_atomic_dir_removes_temp_dirs_a_kill_left(tmp_path):
-    from eagle3_train.utils.io import atomic_dir, make_temp_dir
+    from eagle3_train.utils.outputs import atomic_dir, make_temp_dir
 
     target = tmp_path / "export-eagle"
-    stale = make_temp_dir(target)  # what a kill -9 in the middle of an export leaves
+    stale = make_temp_dir(target, "export")  # what a kill -9 in the middle of an export leaves
     (stale / "model.safetensors").write_bytes(b"half")
-    with atomic_dir(target) as tmp:
+    with atomic_dir(target, "export") as tmp:
         (tmp / "config.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export-eagle"]

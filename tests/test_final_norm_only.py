@@ -78,7 +78,8 @@ def test_the_client_needs_only_the_final_norm_file(sharded, tmp_path):
     weight, eps = load_final_norm(partial)
     torch.testing.assert_close(weight, norm, rtol=0, atol=0)
     assert eps == json.loads((full / "config.json").read_text())["rms_norm_eps"]
-    client = VLLMHiddenStates(["http://127.0.0.1:9/v1"], partial, (1, 2, 3), torch.bfloat16)  # connects on open()
+    client = VLLMHiddenStates(["http://127.0.0.1:9/v1"], partial, (1, 2, 3), torch.bfloat16,  # connects on open()
+                              hidden_states_dir=tmp_path)
     torch.testing.assert_close(client.norm_weight, norm, rtol=0, atol=0)
     # Identified as the same verifier as the full checkpoint (same config and index; the files both hold agree)
     assert same_verifier(verifier_identity(partial), verifier_identity(full))

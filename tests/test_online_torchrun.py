@@ -99,7 +99,7 @@ def extracted(stages, server, verifier) -> Path:
     from eagle3_train.hidden_states.extract import extract
 
     extract(stages / "prepared", verifier, stages / "hidden", dtype="bfloat16", backend="vllm",
-            endpoints=[server.base_url])
+            endpoints=[server.base_url], vllm_options={"hidden_states_dir": server.hidden_states_dir})
     return stages / "hidden"
 
 
@@ -139,9 +139,10 @@ def close(a: list[float], b: list[float], at_least: int = 3) -> bool:
 def test_online_under_torchrun_gives_the_single_process_curve_and_counts_skips_over_ranks(stages, server, tmp_path):
     single = train(train_config(stages, tmp_path / "single", prepared=str(stages / "prepared-long"),
                                 hidden_states_mode="online", endpoint=[server.base_url], hidden_states="", epochs=2,
+                                hidden_states_dir=str(server.hidden_states_dir),
                                 grad_accum=2))
     meta = torchrun_train(stages, tmp_path / "ranks", "prepared-long", "--hidden-states-mode", "online", "--endpoint",
-                          server.base_url, "--epochs", "2")
+                          server.base_url, "--epochs", "2", "--hidden-states-dir", str(server.hidden_states_dir))
     assert meta["run"]["world_size"] == 2 and meta["progress"]["step"] == single["step"]
     a, b = curve(tmp_path / "ranks"), curve(tmp_path / "single")
     assert close(a, b), (a, b)
@@ -164,7 +165,7 @@ def test_hybrid_under_torchrun_writes_one_valid_store_and_resumes(stages, server
                                    grad_accum=2, token_budget=256))
     out = tmp_path / "hybrid"
     hybrid = ["--hidden-states-mode", "hybrid", "--endpoint", server.base_url, "--epochs", "2", "--token-budget",
-              "256"]
+              "256", "--hidden-states-dir", str(server.hidden_states_dir)]
     torchrun_train(stages, out, "prepared", *hybrid, "--stop-after", "1", "--prefetch", "0")
     assert len(curve(out)) == 1  # one step, checkpointed
     assert len(curve(tmp_path / "offline")) >= 4

@@ -48,7 +48,7 @@ def stages(tmp_path_factory, verifier, server) -> Path:
     prepare("sharegpt", verifier, root / "prepared", max_length=128, limit=20, val_count=2, seed=0)
     build_vocab(root / "prepared", root / "vocab", size=1024)
     extract(root / "prepared", verifier, root / "hidden", dtype="bfloat16", backend="vllm",
-            endpoints=[server.base_url])
+            endpoints=[server.base_url], vllm_options={"hidden_states_dir": server.hidden_states_dir})
     return root
 
 
@@ -60,7 +60,8 @@ def losses(run: Path, split: str = "train") -> list[float]:
 def served(root: Path, out: Path, server, mode: str, **kw):
     kw.setdefault("max_steps", STEPS)
     kw.setdefault("prefetch", 2)
-    return train_config(root, out, hidden_states_mode=mode, endpoint=[server.base_url], hidden_states="", **kw)
+    return train_config(root, out, hidden_states_mode=mode, endpoint=[server.base_url], hidden_states="",
+                        hidden_states_dir=str(server.hidden_states_dir), **kw)
 
 
 def close(a: list[float], b: list[float]) -> bool:
@@ -132,7 +133,7 @@ def test_a_sample_the_server_cannot_serve_is_skipped_and_counted(stages, server,
     from eagle3_train.train.data import TrainingSamples
 
     source = OnlineSource("train", endpoints=[server.base_url], verifier_dir=verifier, layer_ids=(2, 4, 5),
-                          dtype=torch.bfloat16)
+                          dtype=torch.bfloat16, hidden_states_dir=server.hidden_states_dir)
     data = TrainingSamples(stages / "prepared", source, "train")
     try:
         too_long = [1] * 600  # over the server's 512-token context: rejected for this sample only

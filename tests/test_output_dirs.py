@@ -1,14 +1,29 @@
-"""No command deletes or overwrites what it did not write, and a replaced directory survives a kill mid-swap."""
+"""No command deletes or overwrites what it did not write (utils/outputs.py), and a replaced directory survives a
+kill mid-swap."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from draft_layouts import write_ours
 
 from eagle3_train import cli
-from eagle3_train.utils.io import Eagle3InputError, atomic_dir, has_file, recover_replaced_dir, replace_dir
+from eagle3_train.checkpoints.native import prune
+from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.outputs import (
+    MARKER,
+    atomic_dir,
+    make_temp_dir,
+    read_marker,
+    recover_replaced_dir,
+    replace_dir,
+    write_marker,
+)
 
 
 def _foreign(d: Path) -> Path:
@@ -39,7 +54,9 @@ def test_export_refuses_a_foreign_directory_and_replaces_its_own(run_dir, tmp_pa
     out = tmp_path / "draft"
     assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle"]) == 0
     assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_metadata.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.json", "model.safetensors",
+                                                     "training_metadata.json"]
+    assert read_marker(out)["stage"] == "export"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -58,7 +75,11 @@ def test_every_writing_stage_refuses_a_foreign_directory(tiny_stages, tmp_path, 
     for stage, argv in commands.items():
         assert cli.main([*argv, str(models)]) == 2, stage
         err = capsys.readouterr().err
-        assert str(models) in err and ("not an earlier output" in err or "not empty" in err), (stage, err)
+        assert str(models) in err and "not an earlier output" in err, (stage, err)
+        assert _untouched(models), stage
+        # --overwrite changes nothing about whose directory it is (it used to let extract delete files here)
+        assert cli.main([*argv, str(models), "--overwrite"]) == 2, stage
+        assert "even with --overwrite" in capsys.readouterr().err
         assert _untouched(models), stage
 
 
@@ -74,7 +95,7 @@ def test_pipeline_refuses_a_foreign_run_dir(tmp_path, capsys):
 def test_atomic_dir_refuses_before_the_block_runs(tmp_path):
     models = _foreign(tmp_path / "models")
     ran = []
-    with pytest.raises(Eagle3InputError), atomic_dir(models, has_file("marker")):
+    with pytest.raises(Eagle3InputError), atomic_dir(models, "export"):
         ran.append(1)
     assert ran == [] and _untouched(models)
 
@@ -87,6 +108,7 @@ def _dir_with(path: Path, text: str) -> Path:
 
 def test_replace_swaps_through_a_backup(tmp_path):
     target = _dir_with(tmp_path / "out", "old")
+    write_marker(target, "export")  # claimed before it is replaced
     replace_dir(_dir_with(tmp_path / "new", "new"), target)
     assert (target / "data").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -96,16 +118,104 @@ def test_a_kill_between_the_two_renames_loses_nothing(tmp_path):
     # The state a kill leaves after `target -> backup` and before `new -> target`: the old directory survives under
     # its backup name and the next writer (or reader-side recovery) puts it back.
     target = tmp_path / "out"
-    _dir_with(tmp_path / ".out.replaced-1234", "old")
-    _dir_with(tmp_path / ".out.abc123", "half-written")  # the unfinished temporary dir of the killed writer
+    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-1234", "old"), "export")
+    (make_temp_dir(target, "export") / "data").write_text("half-written")  # the killed writer's temporary dir
     recover_replaced_dir(target)
     assert (target / "data").read_text() == "old"
     # After a kill between `new -> target` and the backup's removal, the stale backup is dropped, the new dir kept.
-    _dir_with(tmp_path / ".out.replaced-99", "older")
-    with atomic_dir(target) as tmp:
+    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-99", "older"), "export")
+    with atomic_dir(target, "export") as tmp:
         (tmp / "data").write_text("newest")
     assert (target / "data").read_text() == "newest"
-    assert not list(tmp_path.glob(".out.replaced-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the backup and the killed temp dir are gone
+
+
+def test_siblings_that_look_like_ours_but_are_not_are_kept(run_dir, tmp_path):
+    """Only directories carrying our marker are removed beside --out: a user's `.draft.old/` and a lookalike of our
+    temporary name survive every export (they used to be deleted as leftovers of a killed write)."""
+    user = tmp_path / "userB"
+    for name in (".draft.old", ".draft.eagle3-tmp-abc", ".draft.eagle3-replaced-1"):
+        (user / name).mkdir(parents=True)
+        (user / name / "keep.txt").write_text("mine")
+    out = user / "draft"
+    for _ in range(2):
+        assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle"]) == 0
+    assert sorted(p.name for p in user.iterdir()) == [".draft.eagle3-replaced-1", ".draft.eagle3-tmp-abc",
+                                                     ".draft.old", "draft"]
+    assert all((user / n / "keep.txt").read_text() == "mine" for n in (".draft.old", ".draft.eagle3-tmp-abc"))
+
+
+def test_a_symlinked_out_is_written_through_and_kept(run_dir, tmp_path):
+    real = tmp_path / "disk" / "draft"
+    real.parent.mkdir()
+    link = tmp_path / "draft"
+    link.symlink_to(real, target_is_directory=True)
+    for _ in range(2):  # first into an absent target, then replacing our own
+        assert cli.main(["export", str(run_dir), "--out", str(link), "--format", "eagle"]) == 0
+        assert link.is_symlink() and (real / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "draft"]
+    assert sorted(p.name for p in real.parent.iterdir()) == ["draft"]
+
+
+def test_files_added_to_our_output_are_never_replaced_with_it(run_dir, tmp_path, capsys):
+    out = tmp_path / "draft"
+    assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle"]) == 0
+    (out / "notes.md").write_text("mine")
+    assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle", "--overwrite"]) == 2
+    assert "notes.md, which eagle3-train did not write" in capsys.readouterr().err
+    assert (out / "notes.md").read_text() == "mine"
+
+
+def test_an_output_of_another_stage_is_refused(tmp_path):
+    out = tmp_path / "x"
+    out.mkdir()
+    write_marker(out, "prepare")
+    (out / "manifest.json").write_text("{}")
+    with pytest.raises(Eagle3InputError, match="is the output of eagle3-train prepare, not of export"), \
+            atomic_dir(out, "export"):
+        pass
+
+
+def test_out_below_a_regular_file_is_a_clear_error(run_dir, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["export", str(run_dir), "--out", str(tmp_path / "file" / "draft"), "--format", "eagle"]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+
+def test_two_writers_of_one_directory_the_second_stops(tmp_path):
+    """A live writer's temporary directory is locked: a second atomic write stops instead of deleting it."""
+    target = tmp_path / "draft"
+    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
+                               "from eagle3_train.utils.outputs import atomic_dir\n"
+                               f"with atomic_dir({str(target)!r}, 'export') as tmp:\n"
+                               "    print(tmp, flush=True)\n    time.sleep(120)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        in_flight = Path(holder.stdout.readline().strip())
+        with pytest.raises(Eagle3InputError, match=rf"being written by another process \(pid {holder.pid}\)"), \
+                atomic_dir(target, "export"):
+            pass
+        assert in_flight.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+    with atomic_dir(target, "export") as tmp:  # a killed writer's leftovers are cleared
+        (tmp / "data").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
+
+
+def test_prune_deletes_only_our_periodic_checkpoints(tmp_path, ref):
+    from eagle3_train.checkpoints.native import save_checkpoint
+
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        save_checkpoint(run / "checkpoints" / f"step-{step:07d}", ref, None, {"init": {}})
+    for foreign in ("step-0", "step-final", "step-0000000"):
+        (run / "checkpoints" / foreign).mkdir()
+        (run / "checkpoints" / foreign / "keep.txt").write_text("mine")
+    prune(run, keep_last=1)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0", "step-0000000", "step-0000003",
+                                                                       "step-final"]
 
 
 def test_generate_accepts_the_log_of_the_server_it_started(tmp_path, capsys):
@@ -118,3 +228,87 @@ def test_generate_accepts_the_log_of_the_server_it_started(tmp_path, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "not an earlier output" not in err and "127.0.0.1:9" in err  # got past the claim, to the dead endpoint
+
+
+def _chats(path: Path, n: int = 6) -> Path:
+    path.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"Q{i}?"},
+                                                                    {"role": "assistant", "content": f"A{i}."}]})
+                            + "\n" for i in range(n)))
+    return path
+
+
+def test_prepare_replaces_its_output_only_when_asked_and_never_its_data(tiny_llama_dir, tmp_path, capsys):
+    verifier = str(tiny_llama_dir())
+    data = _chats(tmp_path / "chats.jsonl")
+    out = tmp_path / "prep"
+    argv = ["prepare", "--data", str(data), "--verifier", verifier, "--out", str(out), "--val-count", "1"]
+    assert cli.main(argv) == 0
+    assert cli.main(argv) == 0  # the same inputs and settings: prepared again
+    assert cli.main([*argv, "--max-length", "64"]) == 2  # other settings: refused, kept
+    assert "other max_length; pass --overwrite" in capsys.readouterr().err
+    assert cli.main([*argv, "--max-length", "64", "--overwrite"]) == 0
+    # the user's only copy of the data inside --out: refused (replacing the directory would delete it)
+    inside = _chats(out / "mine.jsonl")
+    argv_inside = ["prepare", "--data", str(inside), "--verifier", verifier, "--out", str(out), "--overwrite"]
+    assert cli.main(argv_inside) == 2
+    assert "lies inside --out" in capsys.readouterr().err
+    assert inside.is_file()
+    assert cli.main([*argv, "--max-length", "64"]) == 2  # and a foreign file in our output is never deleted with it
+    assert "mine.jsonl, which eagle3-train did not write" in capsys.readouterr().err
+    assert inside.is_file()
+
+
+@pytest.mark.slow
+def test_train_refuses_a_foreign_run_dir_and_a_second_writer(tiny_stages, tmp_path, capsys):
+    root, _ = tiny_stages
+    user = tmp_path / "user"
+    (user / "checkpoints" / "step-0").mkdir(parents=True)
+    (user / "checkpoints" / "step-0" / "weights.pt").write_text("mine")
+    (user / "metrics.jsonl").write_text('{"loss": 1}\n')
+    argv = ["train", "--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"),
+            "--vocab", str(root / "vocab"), "--max-steps", "2", "--ttt-steps", "2", "--token-budget", "512"]
+    assert cli.main([*argv, "--out", str(user), "--resume"]) == 2
+    assert "not an earlier output of eagle3-train train" in capsys.readouterr().err
+    assert (user / "metrics.jsonl").read_text() == '{"loss": 1}\n'
+    assert sorted(p.name for p in user.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    # a run in progress holds its directory: a second train into it stops
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
+                               "from eagle3_train.utils.outputs import claimed_output\n"
+                               f"with claimed_output({str(run)!r}, 'train', 'x'):\n"
+                               "    print('locked', flush=True)\n    time.sleep(120)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert cli.main([*argv, "--out", str(run)]) == 2
+        assert f"being written by another process (pid {holder.pid})" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli.main([*argv, "--out", str(run)]) == 0
+    # a pointer to a checkpoint that is gone: an error, not a fresh start over the older checkpoints
+    pointer = run / "checkpoints" / "latest.json"
+    pointer.write_text(json.dumps({"dir": "step-0000009"}))
+    assert cli.main([*argv, "--out", str(run), "--resume", "--max-steps", "3"]) == 2
+    assert "points to step-0000009, which is missing" in capsys.readouterr().err
+    pointer.write_text(json.dumps({"dir": "../../elsewhere"}))
+    assert cli.main([*argv, "--out", str(run), "--resume", "--max-steps", "3"]) == 2
+    assert "not a checkpoint of this run" in capsys.readouterr().err
+
+
+def test_evaluate_and_convert_verifier_refuse_foreign_directories(run_dir, tmp_path, capsys):
+    models = _foreign(tmp_path / "models")
+    (models / "results.json").write_text('{"mine": true}')
+    (models / "config.json").write_text('{"mine": true}')
+    assert cli.main(["evaluate", "offline", "--draft", str(run_dir), "--verifier", "smollm2-135m-instruct",
+                     "--out", str(models)]) == 2
+    assert "not an earlier output of eagle3-train evaluate" in capsys.readouterr().err
+    assert cli.main(["convert-verifier", "smollm2-135m-instruct", "--out", str(models)]) == 2
+    assert "not an earlier output of eagle3-train verifier" in capsys.readouterr().err
+    assert json.loads((models / "results.json").read_text()) == {"mine": True}
+    assert json.loads((models / "config.json").read_text()) == {"mine": True}
+    copy = tmp_path / "copy"
+    for _ in range(2):  # a copy of its own is refreshed
+        assert cli.main(["convert-verifier", "smollm2-135m-instruct", "--out", str(copy)]) == 0
+    assert (copy / "config.json").is_file() and read_marker(copy)["stage"] == "verifier"
+    assert os.listdir(tmp_path).count("copy") == 1

@@ -236,7 +236,9 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
                 raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "
                                        f"invalid JSON: {e.msg}; fix the file or pass --skip-bad-records to skip "
                                        f"such records") from None
-            nl = text.find("\n", e.pos)
+            # JSON Lines: the bad record is its own line (the decoder may have read on into the next record, which
+            # must not go with it); in an array, a record may span lines: resume after the line of the error.
+            nl = text.find("\n", e.pos if in_array else i)
             nxt = n if nl < 0 else nl + 1
             yield None, i, nxt, f"{e.msg} (column {e.colno})"
             i = nxt

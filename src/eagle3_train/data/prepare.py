@@ -100,9 +100,9 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
     check_reasoning_mode(reasoning)
-    out_dir = claim_output_dir(out_dir, "prepared output directory", "prepare", stage_manifest("prepare"),
+    _check_not_inside(source, Path(out_dir))
+    out_dir = claim_output_dir(out_dir, "prepare", "prepared output directory", stage_manifest("prepare"),
                                replaces=True, create=False)
-    _check_not_inside(source, out_dir)
     template, template_source = _chat_template(chat_template)
     # bad paths fail before the tokenizer loads
     conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)

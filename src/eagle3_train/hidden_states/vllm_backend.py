@@ -128,6 +128,9 @@ def read_and_remove(path: Path) -> dict[str, Any]:
             f"the server named {path} as the hidden-state file but it does not exist here: the client must see the "
             f"server's --hidden-states-dir at the same path (same machine or a shared mount), and the server log may "
             f"show a failed write") from None
+    except Exception as e:  # noqa: BLE001 - safetensors reports a malformed file as its own error type
+        raise Eagle3InputError(f"cannot read the hidden-state file {path} the server named ({e}); it is left in "
+                               f"place") from None
     for p in (path, lock):
         p.unlink(missing_ok=True)
     return out
