@@ -12,6 +12,9 @@ Every check runs `python -m eagle3_train.cli ...` as a user would, on a tiny ran
   the output that the uninterrupted run does not have (temporary files, half checkpoints) are reported.
 - inputs: one bad input per row; the expected handling is one clear error (exit code 2, no traceback, naming the
   file/field) or a counted skip.
+- ownership: commands pointed at the user's own files (a foreign --out with --overwrite, look-alike siblings,
+  the data inside --out, a symlinked --out, a second writer, a hostile hidden-state endpoint); `lost` counts the
+  user's files that are missing or changed afterwards (must be 0).
 - load: `generate` through a proxy that answers slowly and drops connections, 64 requests in flight, against a local
   OpenAI-compatible server whose own throughput is measured first.
 
@@ -49,7 +52,7 @@ TINY_LLAMA = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads"
               "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True, "bos_token_id": 1,
               "eos_token_id": 2, "pad_token_id": 2, "initializer_range": 0.5}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
-STAGES = ("kill-extract", "kill-train", "kill-run", "kill-generate", "inputs", "load")
+STAGES = ("kill-extract", "kill-train", "kill-run", "kill-generate", "inputs", "ownership", "load")
 # Files whose content legitimately differs between two runs (clock, host): compared by name only.
 VOLATILE = ("manifest.json", "training_metadata.json", "metrics.jsonl", "metrics.png", "pipeline_state.json",
             "pipeline_config.json", "summary.json", "vllm.log")
@@ -1032,6 +1035,151 @@ def nan_shard(path: Path) -> None:
     del torch
 
 
+# --- what the tool must never delete or overwrite ---------------------------------------------------------------
+def _user_files(root: Path) -> dict[str, str]:
+    """Relative path -> SHA-256 of every file under `root` (the user's files a row must leave as they were)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def _foreign(d: Path, *names: str) -> Path:
+    """A directory of the user's files, named like ours where it matters (manifest.json, index.json, shards)."""
+    shutil.rmtree(d, ignore_errors=True)
+    for name in ("notes.txt", *names):
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(f"the user's {name}\n")
+    return d
+
+
+class _HostileEndpoint:
+    """An OpenAI-compatible stub that names `victim` as its hidden-state file (stdlib HTTP server, own thread)."""
+
+    def __init__(self, victim: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                self._send({"object": "list", "data": [{"id": "stub", "object": "model", "created": 0,
+                                                        "owned_by": "x"}]} if self.path.endswith("/models")
+                           else {"version": "stub"})
+
+            def do_POST(self):  # noqa: N802
+                ids = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+                self._send({"id": "c", "object": "text_completion", "created": 0, "model": "stub",
+                            "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
+                                         "prompt_token_ids": ids}],
+                            "kv_transfer_params": {"hidden_states_path": victim}})
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def ownership(c: Campaign, a: Assets) -> None:
+    d = c.out / "ownership"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    run_dir = d / "run"
+    c.run(train_cmd(c, a, run_dir, extra=("--max-steps", "2")))
+    export = ("--format", "eagle")
+
+    def row(fault: str, cmd: list[str], user: Path, expected: str, must: tuple[str, ...] = (), code: int = 2,
+            check: Callable[[], str] | None = None) -> None:
+        """Run `cmd`; ok when it ends with `code` (2: a clean error naming `must`) and every file under `user`
+        is as it was (`lost` counts those missing or changed); `check` adds a condition (its text: what failed)."""
+        if not c.wanted(fault):
+            return
+        before = _user_files(user)
+        t0 = time.monotonic()
+        r = c.run(cmd)
+        after = _user_files(user)
+        lost = sum(1 for k, v in before.items() if after.get(k) != v)
+        ok, text = clean_error(r, *must) if code == 2 else (r.returncode == code, f"exit {r.returncode}")
+        problem = check() if check else ""
+        c.add(Row("ownership", fault, expected, (text + (f"; {problem}" if problem else ""))[:300],
+                  ok and not lost and not problem, lost, command_text(cmd), time.monotonic() - t0))
+
+    never = "exit 2 naming the directory; the user's files untouched"
+    foreign = _foreign(d / "user-hs", "manifest.json", "train/index.json", "train/shard-00000.safetensors")
+    row("extract --overwrite into a foreign directory", [*extract_cmd(c, a, foreign), "--overwrite"], foreign, never,
+        (str(foreign), "even with --overwrite"))
+    user = _foreign(d / "userB", ".draft.old/keep.txt", ".draft.eagle3-tmp-x/keep.txt", ".prep.cache/keep.txt")
+    row("export beside the user's .draft.old/ (and a look-alike of our temp name)",
+        c.cli("export", run_dir, "--out", user / "draft", *export), user, "exit 0; the siblings kept", code=0)
+    row("prepare beside the user's .prep.cache/",
+        c.cli("prepare", "--data", a.source, "--verifier", a.verifier, "--out", user / "prep", "--max-length", "160",
+              "--val-count", "3"), user, "exit 0; the siblings kept", code=0)
+    row("prepare again with other settings, no --overwrite",
+        c.cli("prepare", "--data", a.source, "--verifier", a.verifier, "--out", user / "prep", "--max-length", "128",
+              "--val-count", "3"), user, "exit 2 naming the changed setting", ("max_length", "--overwrite"))
+    data = user / "prep" / "mine.jsonl"
+    shutil.copy(a.source, data)
+    row("prepare --data inside --out (the user's only copy)",
+        c.cli("prepare", "--data", data, "--verifier", a.verifier, "--out", user / "prep", "--overwrite"), user,
+        "exit 2; the data kept", ("lies inside --out",))
+    fake_run = _foreign(d / "user-run", "checkpoints/step-0/weights.pt", "metrics.jsonl")
+    row("train --resume into a directory holding checkpoints/ and metrics.jsonl",
+        train_cmd(c, a, fake_run), fake_run, never, (str(fake_run),))
+    results = _foreign(d / "user-eval", "results.json", "config.json", "tokenizer.json")
+    row("evaluate offline --out over the user's results.json",
+        c.cli("evaluate", "offline", "--draft", run_dir, "--verifier", a.verifier, "--out", results,
+              "--num-prompts", "1"), results, never, (str(results),))
+    row("convert-verifier --out over the user's config.json",
+        c.cli("convert-verifier", a.verifier, "--out", results), results, never, (str(results),))
+    real = d / "disk" / "draft"
+    real.parent.mkdir(parents=True, exist_ok=True)
+    link = d / "draft-link"
+    link.symlink_to(real, target_is_directory=True)
+    row("export --out through a symlink", c.cli("export", run_dir, "--out", link, *export), d / "disk",
+        "exit 0; the link kept, the export in its target", code=0,
+        check=lambda: "" if link.is_symlink() and (real / "model.safetensors").is_file()
+        and not list(d.glob(".draft-link*")) else "the link was replaced or a hidden leftover stayed")
+    pointer = run_dir / "checkpoints" / "latest.json"
+    kept = pointer.read_text()
+    pointer.write_text(json.dumps({"dir": "step-0000099"}))
+    row("train --resume with latest.json naming a missing checkpoint",
+        train_cmd(c, a, run_dir, extra=("--max-steps", "3")), run_dir / "checkpoints", "exit 2; nothing overwritten",
+        ("step-0000099",))
+    pointer.write_text(kept)
+    victim_dir = _foreign(d / "victim", "precious.safetensors")
+    hs_dir = d / "hs-tmp"
+    hs_dir.mkdir()
+    for case, named in (("outside the directory", victim_dir / "precious.safetensors"),
+                        ("through ..", hs_dir / ".." / "victim" / "precious.safetensors")):
+        endpoint = _HostileEndpoint(str(named))
+        try:
+            row(f"extract --backend vllm: the endpoint names a file {case}",
+                c.cli("extract", "--backend", "vllm", "--endpoint", endpoint.url, "--prepared", a.prepared,
+                      "--verifier", a.verifier, "--out", d / f"hs-{case[:7].strip()}", "--hidden-states-dir", hs_dir),
+                victim_dir, "exit 2; the file neither read nor deleted", ("refusing to read or delete",))
+        finally:
+            endpoint.close()
+    good = a.source.read_bytes().splitlines()
+    cut = d / "cut.jsonl"
+    cut.write_bytes(b"\n".join([good[0], good[1][: len(good[1]) // 2].rsplit(b",", 1)[0] + b",", *good[2:6]]) + b"\n")
+    out = d / "prep-cut"
+    row("--skip-bad-records after a line cut between tokens",
+        c.cli("prepare", "--data", cut, "--verifier", a.verifier, "--out", out, "--val-count", "1",
+              "--skip-bad-records"), d / "victim", "exit 0; one bad record counted, the next one kept", code=0,
+        check=lambda: "" if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())[
+            "counts"]["bad_records"] == {"invalid_json": 1} and json.loads((out / "manifest.json").read_text())[
+            "counts"]["conversations_read"] == 5 else "the wrong records were skipped")
+
+
 def write_foreign_draft(out: Path) -> Path:
     """A random EAGLE-3 draft in the original EAGLE format for SmolLM2 (hidden 576): a source for another verifier."""
     import torch
@@ -1118,7 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
     work: dict[str, Callable[[], None]] = {
         "kill-extract": lambda: kill_extract(c, a), "kill-train": lambda: kill_train(c, a),
         "kill-run": lambda: kill_run(c, a), "kill-generate": lambda: kill_generate(c, a),
-        "inputs": lambda: inputs(c, a), "load": lambda: load_test(c)}
+        "inputs": lambda: inputs(c, a), "ownership": lambda: ownership(c, a), "load": lambda: load_test(c)}
     for s in stages:
         print(f"== {s}", flush=True)
         try:

@@ -292,10 +292,18 @@ def test_bad_inputs(tmp_path, tiny_llama, mixed_prepared):
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "notes.txt").write_text("not ours")
-    with pytest.raises(Eagle3InputError, match="not empty and has no extract manifest"):
-        extract(mixed_prepared, tiny_llama, stranger, device="cpu")
-    with pytest.raises(Eagle3InputError, match="belongs to another stage"):
-        extract(mixed_prepared, tiny_llama, mixed_prepared, device="cpu", overwrite=True)
+    # never a directory extract did not write, even with --overwrite (it used to delete files matching its names)
+    (stranger / "index.json").write_text("{}")
+    (stranger / "manifest.json").write_text("{}")
+    (stranger / "train").mkdir()
+    (stranger / "train" / "shard-00000.safetensors").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(Eagle3InputError, match="not an earlier output of eagle3-train extract"):
+            extract(mixed_prepared, tiny_llama, stranger, device="cpu", overwrite=overwrite)
+        with pytest.raises(Eagle3InputError, match="not an earlier output of eagle3-train extract"):
+            extract(mixed_prepared, tiny_llama, mixed_prepared, device="cpu", overwrite=overwrite)
+    assert sorted(str(p.relative_to(stranger)) for p in stranger.rglob("*")) == [
+        "index.json", "manifest.json", "notes.txt", "train", "train/shard-00000.safetensors"]
     assert (mixed_prepared / "manifest.json").is_file()
     assert not (tmp_path / "hs").exists()
 

@@ -211,8 +211,12 @@ def test_rerun_replaces_output_and_refuses_foreign_dirs(tmp_path, verifier):
     src = write_records(tmp_path / "chats.json", GOOD)
     out = tmp_path / "out"
     prepare(src, verifier, out, val_fraction=0.0)
+    before = rows(out)
     write_records(src, GOOD[:2])
-    m = prepare(src, verifier, out, val_fraction=0.0)
+    with pytest.raises(Eagle3InputError, match="other data; pass --overwrite"):  # other inputs: only when asked
+        prepare(src, verifier, out, val_fraction=0.0)
+    assert rows(out) == before
+    m = prepare(src, verifier, out, val_fraction=0.0, overwrite=True)
     assert m["counts"]["kept"]["train"] == 2 and len(rows(out)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.json", "out"]
     foreign = tmp_path / "foreign"

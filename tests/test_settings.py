@@ -227,6 +227,44 @@ def test_parser_rejects_bad_choices_before_any_input_loads(argv, capsys):
     assert e.value.code == 2 and "invalid" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--epochs", "0"], "epochs must be > 0, got 0.0"),
+    (["train", "--epochs", "-1"], "epochs must be > 0"),
+    (["train", "--token-budget", "0"], "token_budget must be >= 1"),
+    (["train", "--num-layers", "0"], "num_layers must be >= 1"),
+    (["train", "--step-decay", "-1"], "step_decay must be > 0"),
+    (["train", "--lr", "-1"], "lr must be > 0"),
+    (["train", "--lr", "nan"], "lr must be > 0, got nan"),
+    (["train", "--ttt-steps", "0"], "ttt_steps must be >= 1"),
+    (["train", "--log-every", "0"], "log_every must be >= 1"),
+    (["train", "--grad-accum", "0"], "grad_accum must be >= 1"),
+    (["train", "--set", "train.beta2=1.0"], "beta2 must be [0, 1)"),
+    (["export", "ckpt", "--out", "o", "-k", "0"], "speculative_tokens must be >= 1"),
+    (["generate", "--data", "sharegpt", "--out", "o", "--top-p", "0"], "top_p must be (0, 1]"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
+def test_settings_out_of_range_stop_before_anything_runs(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_the_python_api_checks_the_same_ranges():
+    from eagle3_train.train.config import TrainConfig
+
+    with pytest.raises(Eagle3InputError, match=r"train.step_decay must be > 0, got -1"):
+        TrainConfig(step_decay=-1)
+    TrainConfig(step_decay=0.5, keep_last=0, max_steps=None)  # in range, and None where allowed
+
+
+def test_val_count_that_leaves_almost_nothing_to_train_is_refused():
+    from eagle3_train.data.split import assign_splits
+
+    with pytest.raises(Eagle3InputError, match="val_count 100 is not smaller than the 6 conversations"):
+        assign_splits([f"c{i}" for i in range(6)], 0.05, 0, val_count=100)
+    assert assign_splits([f"c{i}" for i in range(6)], 0.05, 0, val_count=2).count("validation") == 2
+
+
 def test_one_name_for_one_thing():
     def parse(*argv: str) -> argparse.Namespace:
         return build_parser(list(argv)).parse_args(list(argv))

@@ -60,11 +60,12 @@ class PrepareSettings:
                                     "file, or a `generate` output dir")
     verifier: str = setting("", VERIFIER_HELP + " (its tokenizer and chat template)", required=True, yaml=False)
     out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
-    max_length: int = setting(2048, "tokens per sample")
+    max_length: int = setting(2048, "tokens per sample", valid=">= 1")
     overflow: Overflow = setting("truncate", "samples longer than max_length: truncate them, or drop them")
     limit: int | None = setting(None, "read only the first N conversations of the source", metavar="N")
-    val_fraction: float = setting(0.05, "share of conversations held out for validation")
-    val_count: int | None = setting(None, "exact number of validation conversations (overrides val_fraction)")
+    val_fraction: float = setting(0.05, "share of conversations held out for validation", valid="[0, 1)")
+    val_count: int | None = setting(None, "exact number of validation conversations (overrides val_fraction)",
+                                    valid=">= 0")
     seed: int = setting(0, "seed of the train/validation split")
     chat_template: str | None = setting(None, "a .jinja file (or template text) used instead of the tokenizer's "
                                               "chat template")
@@ -104,15 +105,16 @@ class GenerateSettings:
     limit: int | None = setting(None, "use the first N conversations of the source", metavar="N")
     max_turns: int | None = setting(None, "keep the first N user turns of each conversation (each turn costs "
                                           "another generation)", cli=False)
-    concurrency: int = setting(CONCURRENCY, "conversations in flight")
-    max_tokens: int = setting(512, "max new tokens per assistant turn")
-    temperature: float = setting(0.0, "sampling temperature")
-    top_p: float = setting(1.0, "nucleus sampling threshold")
+    concurrency: int = setting(CONCURRENCY, "conversations in flight", valid=">= 1")
+    max_tokens: int = setting(512, "max new tokens per assistant turn", valid=">= 1")
+    temperature: float = setting(0.0, "sampling temperature", valid=">= 0")
+    top_p: float = setting(1.0, "nucleus sampling threshold", valid="(0, 1]")
     seed: int | None = setting(None, "base seed; each request gets one derived from (seed, id, turn)")
     reasoning: Reasoning = setting("keep", "reasoning text: keep as reasoning_content, strip it, or disable thinking "
                                            "in the chat template")
-    timeout_s: float = setting(600.0, "per-request timeout in seconds", flag="--timeout", aliases=("--timeout-s",))
-    max_retries: int = setting(6, "retries on connection errors, 429 and 5xx")
+    timeout_s: float = setting(600.0, "per-request timeout in seconds", flag="--timeout", aliases=("--timeout-s",),
+                               valid="> 0")
+    max_retries: int = setting(6, "retries on connection errors, 429 and 5xx", valid=">= 0")
     api_key: str | None = setting(None, "API key of the endpoints (default: $OPENAI_API_KEY, else EMPTY)",
                                   yaml=False)
     overwrite: bool = setting(False, "discard an existing output in --out and start over (without it a rerun "
@@ -135,7 +137,7 @@ class VocabSettings:
     SECTION: ClassVar[str] = "vocab"
     prepared: str = setting("", "output directory of `eagle3-train prepare`", required=True, yaml=False)
     out: str = setting("", "output directory (vocab.safetensors and manifest.json)", required=True, yaml=False)
-    size: int = setting(32000, "draft vocabulary size (clipped to the verifier's vocabulary)")
+    size: int = setting(32000, "draft vocabulary size (clipped to the verifier's vocabulary)", valid=">= 1")
     overwrite: bool = setting(False, "replace a vocabulary in --out that was built from other data or another size",
                               yaml=False)
 
@@ -187,7 +189,7 @@ class ExportSettings:
                                             "`vllm serve DRAFT`)", yaml=False)
     dtype: Dtype = setting("bfloat16", "dtype of the exported weights", flag="--weight-dtype", aliases=("--dtype",))
     speculative_tokens: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per round recorded in the export and "
-                                                              "its serve command", **K_FLAGS)
+                                                              "its serve command", **K_FLAGS, valid=">= 1")
     verifier: str | None = setting(None, "verifier name/path recorded in a speculators export (default: from the "
                                          "training metadata)", yaml=False)
     include_embed: bool = setting(False, "also store the verifier's embedding in the export")

@@ -35,6 +35,9 @@ def assign_splits(ids: list[str], val_fraction: float, seed: int, val_count: int
     check_split_settings(val_fraction, val_count)
     scores = [split_score(i, seed) for i in ids]
     if val_count is not None:
+        if len(ids) >= 2 and val_count >= len(ids):  # clipping would leave one conversation to train on
+            raise Eagle3InputError(f"val_count {val_count} is not smaller than the {len(ids)} conversations kept: "
+                                   f"lower it (or val_fraction) so that most of them are left for training")
         order = sorted(range(len(ids)), key=lambda k: (scores[k], ids[k]))
         chosen = set(order[:min(val_count, max(len(ids) - 1, 0))])
         return [VALIDATION if k in chosen else TRAIN for k in range(len(ids))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
-from eagle3_train.utils.settings import setting
+from eagle3_train.utils.settings import check_ranges, setting
 
 # shared with extract's settings (settings.py)
 HS_DIR_HELP = ("the directory the hidden-state servers write each request's states to (their --hidden-states-dir), as "
@@ -43,22 +43,24 @@ class TrainConfig:
         None, "online/hybrid: the three aux layers 'low,mid,high' (default 2,L//2,L-3; offline: the extract's)")
     hidden_states_dtype: Literal["bfloat16", "float16", "float32"] = setting(
         "bfloat16", "online/hybrid: dtype the fetched states are rounded to (as extract stores them)")
-    prefetch: int = setting(2, "online/hybrid: batches requested ahead of use (at most this many wait in memory)")
-    online_concurrency: int = setting(8, "online/hybrid: requests in flight per rank over all endpoints")
+    prefetch: int = setting(2, "online/hybrid: batches requested ahead of use (at most this many wait in memory)",
+                            valid=">= 0")
+    online_concurrency: int = setting(8, "online/hybrid: requests in flight per rank over all endpoints", valid=">= 1")
     hidden_states_dir: str | None = setting(None, "online/hybrid: " + HS_DIR_HELP, yaml=False)
     vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
     out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)
     # training-time test
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
-                                "predictions")
-    step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j")
+                                "predictions", valid=">= 1")
+    step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j", valid="> 0")
     chain_mask: bool = setting(
         False, "TTT step j > 0 trains only the positions whose draft argmax was right at every earlier step: the "
                "ones a greedy draft chain reaches when served (GRIFFIN's token alignment)")
     loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
                                "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here")
-    loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone")
+    loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone",
+                              valid="[0, 1]")
     supervise: Literal["assistant", "all"] = setting(
         "assistant", "training positions whose verifier distribution the draft fits: assistant (the prepared loss "
                      "mask, as in every EAGLE trainer) or all (every token of a row, prompts too: the target is the "
@@ -66,39 +68,41 @@ class TrainConfig:
                      "always scores the assistant tokens")
     feature_loss: float = setting(
         0.0, "weight of a smooth-L1 regression of the draft's lm_head input onto the verifier's final hidden state "
-             "of the position it predicts from (EAGLE-1's feature loss), added to each step's loss; 0: off")
+             "of the position it predicts from (EAGLE-1's feature loss), added to each step's loss; 0: off",
+        valid=">= 0")
     target_temperature: float = setting(
         1.0, "temperature of the verifier distribution the loss fits (metrics always use the verifier's own): < 1 "
              "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels); 0 and "
-             "0.5 tied 1 in vLLM at 2.4M tokens here (benchmarks/README.md)")
+             "0.5 tied 1 in vLLM at 2.4M tokens here (benchmarks/README.md)", valid=">= 0")
     # optimisation
-    epochs: float = setting(1.0, "passes over the training split (fractions allowed)")
-    max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)")
-    token_budget: int = setting(2048, "padded tokens per micro-batch")
-    grad_accum: int = setting(1, "micro-batches per optimizer step")
-    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule)")
-    warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up")
-    min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr")
-    weight_decay: float = setting(0.0, "AdamW weight decay")
+    epochs: float = setting(1.0, "passes over the training split (fractions allowed)", valid="> 0")
+    max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)", valid=">= 1")
+    token_budget: int = setting(2048, "padded tokens per micro-batch", valid=">= 1")
+    grad_accum: int = setting(1, "micro-batches per optimizer step", valid=">= 1")
+    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule)", valid="> 0")
+    warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up", valid="[0, 1]")
+    min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr", valid="[0, 1]")
+    weight_decay: float = setting(0.0, "AdamW weight decay", valid=">= 0")
     optimizer: Literal["adamw", "muon"] = setting(
         "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
                  "AdamW's), AdamW on the lm_head and norms (train/optimizer.py)")
-    muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)")
-    muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group")
-    muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group")
-    beta1: float = setting(0.9, "AdamW beta1")
-    beta2: float = setting(0.95, "AdamW beta2")
-    grad_clip: float = setting(0.5, "gradient norm clip (0: none)")
+    muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
+                                    valid="> 0")
+    muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)")
+    muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group", valid=">= 0")
+    beta1: float = setting(0.9, "AdamW beta1", valid="[0, 1)")
+    beta2: float = setting(0.95, "AdamW beta2", valid="[0, 1)")
+    grad_clip: float = setting(0.5, "gradient norm clip (0: none)", valid=">= 0")
     equalise_features: bool = setting(
         False, "train the fc as if every aux feature had the median feature's std (init and optimizer steps of each fc "
                "column divided by its feature's relative std; the weights served are unchanged): a verifier's "
                "massive activations (SmolLM2: one feature ~300x the median std) otherwise take the largest steps "
                "(train/fc_scaling.py)")
-    noise: float = setting(0.0, "uniform +-noise added to the aux features (absolute: see feature_noise)")
+    noise: float = setting(0.0, "uniform +-noise added to the aux features (absolute: see feature_noise)", valid=">= 0")
     feature_noise: float = setting(
         0.0, "training only: Gaussian noise on the aux features with std = this x each feature's std over the "
              "batch's real tokens (scale-free, unlike noise: a verifier's layers differ ~30x in scale); against "
-             "memorising small pools over several epochs")
+             "memorising small pools over several epochs", valid=">= 0")
     checkpoint_loss: bool = setting(True, "recompute per-step logits in backward (less memory, one extra lm_head "
                                           "matmul)")
     checkpoint_mlp: bool = setting(True, "recompute each step's MLP in backward (less memory, two extra MLP "
@@ -112,8 +116,8 @@ class TrainConfig:
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")
     # draft architecture
-    num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)")
-    intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)")
+    num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)", valid=">= 1")
+    intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)", valid=">= 1")
     norm_before_residual: bool = setting(False, "vLLM option: normalise the hidden state before the residual")
     norm_before_fc: bool = setting(False, "vLLM option: normalise the aux features before fc")
     fc_norm: bool = setting(False, "vLLM option: normalise after fc")
@@ -147,19 +151,22 @@ class TrainConfig:
                                    "without optimizer steps or weight data; writes OUT/training_metadata.dry-run.json",
                             yaml=False)
     # bookkeeping
-    log_every: int = setting(10, "log training metrics every N steps")
-    eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)")
-    save_every: int | None = setting(None, "checkpoint every N steps (also at the end of each epoch)")
+    log_every: int = setting(10, "log training metrics every N steps", valid=">= 1")
+    eval_every: int | None = setting(None, "validate every N steps (default: at the end of each epoch)", valid=">= 1")
+    save_every: int | None = setting(None, "checkpoint every N steps (also at the end of each epoch)", valid=">= 1")
     checkpoint_every_minutes: float = setting(30.0, "also checkpoint once this long since the last one, so a killed "
-                                                    "run loses at most this much (0: off)")
-    keep_last: int = setting(2, "step checkpoints kept (best/ and final/ are kept apart)")
+                                                    "run loses at most this much (0: off)", valid=">= 0")
+    keep_last: int = setting(2, "step checkpoints kept (best/ and final/ are kept apart)", valid=">= 0")
     resume: bool = setting(False, "continue from the latest checkpoint in --out")
     overwrite: bool = setting(False, "set a finished or different run in --out aside (renamed OUT.previous-TIME) "
                                      "and start over", yaml=False)
     stop_after: int | None = setting(None, "end this invocation after N more optimizer steps (checkpointed; "
-                                           "resume later)")
-    max_eval_batches: int | None = setting(None, "validate on at most N batches")
+                                           "resume later)", valid=">= 1")
+    max_eval_batches: int | None = setting(None, "validate on at most N batches", valid=">= 1")
     tensorboard: bool = setting(True, "write TensorBoard event files in --out")
+
+    def __post_init__(self) -> None:  # the Python API too: train(TrainConfig(lr=-1)) stops here
+        check_ranges(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -29,18 +30,40 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002
             default_factory: Callable[[], Any] | Any = dataclasses.MISSING, flag: str | None = None,
             aliases: tuple[str, ...] = (), choices: Iterable[Any] | None = None, cli: bool = True, yaml: bool = True,
             required: bool = False, positional: bool = False, metavar: str | None = None,
-            commas: bool = True) -> Any:
+            commas: bool = True, valid: str | None = None) -> Any:
     """A dataclass field with what the CLI and the docs need to know about it.
 
     `flag`: the primary option (default `--field-name`); `aliases`: other accepted spellings; `cli`/`yaml`: whether
     the setting is a flag / a key of the YAML section (paths the pipeline fills in are `yaml=False`); `required`:
     a required flag (the dataclass default then only serves the Python API); `positional`: an argument, not a flag;
-    `commas=False`: a repeated list flag whose values may contain commas (each use is one item).
+    `commas=False`: a repeated list flag whose values may contain commas (each use is one item); `valid`: the range
+    of a number as an interval, e.g. ">= 1", "> 0", "[0, 1]", "[0, 1)" (None, where allowed, is always valid).
     """
     meta = {"help": help, "flag": flag, "aliases": tuple(aliases), "choices": tuple(choices) if choices else None,
             "cli": cli, "yaml": yaml, "required": required, "positional": positional, "metavar": metavar,
-            "commas": commas}
+            "commas": commas, "valid": valid}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def _in_range(value: float, valid: str) -> bool:
+    if valid.startswith((">=", ">", "<=", "<")):
+        op, bound = (valid[:2], valid[2:]) if valid[1] == "=" else (valid[0], valid[1:])
+        b = float(bound)
+        return {">=": value >= b, ">": value > b, "<=": value <= b, "<": value < b}[op]
+    lo, hi = (float(x) for x in valid[1:-1].split(","))
+    return (value >= lo if valid[0] == "[" else value > lo) and (value <= hi if valid[-1] == "]" else value < hi)
+
+
+def check_ranges(settings: Any, where: str = "") -> None:
+    """Every number of a settings dataclass is a number (never NaN) within its field's `valid` range."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        valid = f.metadata.get("valid")
+        if math.isnan(value) or (valid and not _in_range(value, valid)):
+            name = f"{where}: {f.name}" if where else f"{section_name(type(settings))}.{f.name}"
+            raise Eagle3InputError(f"{name} must be {valid or 'a number'}, got {value}")
 
 
 # --- types -------------------------------------------------------------------------------------------------------
@@ -194,7 +217,9 @@ def build_settings(cls: type[T], values: dict[str, Any], where: str, *, yaml_onl
         if key not in valid:
             raise unknown_key_error(str(key), valid, where)
         out[key] = _coerce(value, hints[key], f"{where}: '{key}'", fields[key].metadata.get("choices"))
-    return cls(**out)
+    settings = cls(**out)
+    check_ranges(settings, where)
+    return settings
 
 
 def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -370,7 +395,8 @@ def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = T
         valid = meta.get("choices")
         kind = " | ".join(map(str, valid)) if valid else _kind(hints[f.name])
         default = "required" if meta.get("required") or meta.get("positional") else _cell(_default(f))
-        meaning = meta.get("help", "").replace("|", "\\|")
+        meaning = (meta.get("help", "") + (f" (valid: {meta['valid']})" if meta.get("valid") else "")
+                   ).replace("|", "\\|")
         rows.append(f"| {key} | {flag} | {kind.replace('|', chr(92) + '|')} | {default} | {meaning} |")
     parts = [f"## {title}", ""]
     if intro:
