@@ -304,11 +304,11 @@ def test_evaluate_and_convert_verifier_refuse_foreign_directories(run_dir, tmp_p
                      "--out", str(models)]) == 2
     assert "not an earlier output of eagle3-train evaluate" in capsys.readouterr().err
     assert cli.main(["convert-verifier", "smollm2-135m-instruct", "--out", str(models)]) == 2
-    assert "not an earlier output of eagle3-train verifier" in capsys.readouterr().err
+    assert "not an earlier output of eagle3-train convert-verifier" in capsys.readouterr().err
     assert json.loads((models / "results.json").read_text()) == {"mine": True}
     assert json.loads((models / "config.json").read_text()) == {"mine": True}
     copy = tmp_path / "copy"
     for _ in range(2):  # a copy of its own is refreshed
         assert cli.main(["convert-verifier", "smollm2-135m-instruct", "--out", str(copy)]) == 0
-    assert (copy / "config.json").is_file() and read_marker(copy)["stage"] == "verifier"
+    assert (copy / "config.json").is_file() and read_marker(copy)["stage"] == "convert-verifier"
     assert os.listdir(tmp_path).count("copy") == 1

@@ -224,7 +224,10 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
             expect_comma = False
             continue
         try:
-            value, end = decoder.raw_decode(text, i)
+            try:
+                value, end = decoder.raw_decode(text, i)
+            except RecursionError:  # e.g. 100,000 nested brackets: one bad record, not a crash
+                raise json.JSONDecodeError("nested too deeply", text, i) from None
         except json.JSONDecodeError as e:
             if _runs_to_eof(e, text):
                 offset = info.bom_bytes + len(text[:i].encode("utf-8", errors="surrogateescape"))
@@ -263,7 +266,7 @@ def _content(value: Any, where: str, field_name: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return _text(value, where, field_name)
     if isinstance(value, list):  # OpenAI content parts: keep the text parts
         parts = []
         for part in value:
@@ -271,8 +274,18 @@ def _content(value: Any, where: str, field_name: str) -> str:
                 raise Eagle3InputError(f"{where}: field '{field_name}' holds a non-text content part; expected a "
                                        f"string or a list of {{'type': 'text', 'text': ...}}")
             parts.append(part["text"])
-        return "".join(parts)
+        return _text("".join(parts), where, field_name)
     raise Eagle3InputError(f"{where}: field '{field_name}' must be a string, got {type(value).__name__}")
+
+
+def _text(value: str, where: str, field_name: str) -> str:
+    """`value`, refused when a JSON escape made it hold a lone UTF-16 surrogate ("\\ud800"): not encodable text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Eagle3InputError(f"{where}: field '{field_name}' holds an unpaired surrogate escape "
+                               f"(\\u{ord(value[e.start]):04x}), which is not text") from None
+    return value
 
 
 def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conversation]:
@@ -310,7 +323,7 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
     if cid is None or cid == "":
         # No id in the file: a content hash is stable across runs and limits.
         cid = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
-    return fmt, Conversation(id=str(cid), messages=messages)
+    return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages)
 
 
 def normalize_turns(messages: list[dict[str, str]], leading_assistant: str = "trim"

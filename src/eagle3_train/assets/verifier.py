@@ -69,7 +69,7 @@ def _embedded_gguf(name: str) -> Path:
     return path
 
 
-_OUTPUT = ("verifier", "converted verifier directory")
+_OUTPUT = ("convert-verifier", "converted verifier directory")
 SOURCE_RECORD = "eagle3_train_source.json"
 _converted = has_file(SOURCE_RECORD)  # a directory converted before output markers
 

@@ -67,6 +67,10 @@ def load_training_state(path: Path) -> dict[str, Any]:
         raise Eagle3InputError(f"refusing to load {path}: it holds objects other than tensors, numbers and the RNG "
                                f"state that eagle3-train writes ({reason}); delete that checkpoint directory or "
                                f"train into a new --out") from None
+    except (RuntimeError, EOFError, OSError) as e:  # cut off by a full disk or a copy: torch's zip reader fails
+        raise Eagle3InputError(f"cannot read {path}: it is damaged ({str(e).strip().splitlines()[0]}); point "
+                               f"{path.parent.parent / LATEST} at an earlier checkpoint of the run, or train into a "
+                               f"new --out") from None
 
 
 def save_weights(model: Eagle3Draft, directory: Path) -> None:

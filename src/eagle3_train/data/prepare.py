@@ -326,7 +326,14 @@ def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
     ds_dir = prepared_dir / "dataset"
     if not ds_dir.is_dir():
         raise Eagle3InputError(f"{ds_dir} not found (expected the prepared DatasetDict)")
-    dd = datasets.load_from_disk(str(ds_dir))
+    try:
+        dd = datasets.load_from_disk(str(ds_dir))
+        for split in dd:  # a cut-off arrow file fails here, on reading its table, not at first use
+            dd[split].data.validate(full=False)
+            len(dd[split].data.column("length"))
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged file
+        raise Eagle3InputError(f"cannot read the prepared data in {ds_dir} ({type(e).__name__}: "
+                               f"{str(e).strip()[:200]}); it is damaged: run `eagle3-train prepare` again") from None
     for split in (TRAIN, VALIDATION):
         if split not in dd:
             raise Eagle3InputError(f"{ds_dir} has no '{split}' split")

@@ -37,7 +37,10 @@ def apply_overrides(config: dict[str, Any], overrides: list[str] | None) -> dict
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise Eagle3InputError(f"override '{item}': '{p}' is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise Eagle3InputError(f"--set '{item}': the value is not valid YAML ({str(e).splitlines()[0]})") from None
     return config
 
 

@@ -238,7 +238,12 @@ def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] 
         where = f"section '{prefixes[0]}' (--set {item})" if prefixes else f"--set {item}"
         if key not in names:
             raise unknown_key_error(key, names, where)
-        out[key] = _coerce(yaml.safe_load(raw) if raw else "", hints[key], where, choices(cls, key))
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as e:
+            raise Eagle3InputError(f"--set '{item}': the value is not valid YAML "
+                                   f"({str(e).splitlines()[0]})") from None
+        out[key] = _coerce(value, hints[key], where, choices(cls, key))
     return out
 
 
