@@ -87,7 +87,7 @@ def run_variant(args) -> dict:
 
     from eagle3_train.assets.verifier import resolve_verifier
     from eagle3_train.hidden_states.extract import extract, resolve_device
-    from eagle3_train.hidden_states.layers import default_layer_ids
+    from eagle3_train.model.aux_layers import default_layer_ids
 
     device = resolve_device(args.device)
     compute = torch.float32 if device == "cpu" else torch.bfloat16

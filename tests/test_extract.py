@@ -16,8 +16,8 @@ from stage_helpers import assert_same_hidden_states, kill_after_first_shard
 
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
-from eagle3_train.hidden_states.layers import default_layer_ids, parse_layer_ids, validate_layer_ids
 from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
+from eagle3_train.model.aux_layers import default_layer_ids, parse_layer_ids, validate_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, sha256_file
 
 VOCAB = 512

@@ -314,7 +314,7 @@ def test_extract_splits_are_a_list():
 def test_config_reference_is_up_to_date():
     committed = (REPO / "docs" / "CONFIG.md").read_text()
     assert committed == settings.config_reference(), \
-        "docs/CONFIG.md is stale: python -m eagle3_train.utils.settings --markdown > docs/CONFIG.md"
+        "docs/CONFIG.md is stale: python -m eagle3_train.settings --markdown > docs/CONFIG.md"
     for name, cls in settings.SECTIONS.items():
         assert f"## `{name}`" in committed
         for key in yaml_keys(cls):

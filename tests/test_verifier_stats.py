@@ -16,8 +16,8 @@ from test_extract import MIXED, make_prepared, make_tiny_llama
 
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.hidden_states.store import STATS, HiddenStatesReader
-from eagle3_train.model.verifier_head import LogitTransform, load_verifier_head
-from eagle3_train.train.targets import full_vocab_stats, verifier_targets
+from eagle3_train.model.verifier_head import LogitTransform, full_vocab_stats, load_verifier_head
+from eagle3_train.train.targets import verifier_targets
 from eagle3_train.utils.io import Eagle3InputError, sha256_file
 
 

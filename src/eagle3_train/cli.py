@@ -23,7 +23,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "generate": ("eagle3_train.generate.regenerate", "regenerate assistant turns with the verifier's server"),
     "vocab": ("eagle3_train.vocab.build", "build the draft vocabulary (d2t/t2d) from token frequencies"),
     "extract": ("eagle3_train.hidden_states.extract", "store the verifier's aux and final hidden states"),
-    "train": ("eagle3_train.train.trainer", "train or finetune the draft with training-time test"),
+    "train": ("eagle3_train.train.cli", "train or finetune the draft with training-time test"),
     "export": ("eagle3_train.export.exporter", "export a checkpoint that vLLM and SGLang load"),
     "evaluate": ("eagle3_train.evaluate.cli", "measure acceptance length (offline or on a vLLM server)"),
     "serve": ("eagle3_train.serving.vllm_server", "start a vLLM server for the verifier (and a draft)"),

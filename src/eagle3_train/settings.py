@@ -2,13 +2,15 @@
 
 Each dataclass is a YAML section of `eagle3-train run` (fields with `yaml=False` are paths the pipeline fills in),
 the flags of the stage's command (`utils.settings.add_settings_arguments`), and the keyword defaults of the stage's
-Python function. docs/CONFIG.md is generated from here (`python -m eagle3_train.utils.settings --markdown`).
+Python function. docs/CONFIG.md is generated from here (`python -m eagle3_train.settings --markdown`).
 `train`'s settings live in `train/config.py` (TrainConfig); this module imports nothing heavy.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
@@ -342,7 +344,7 @@ COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate 
 _INTRO = """# Configuration reference
 
 Generated from the settings dataclasses (`src/eagle3_train/settings.py`, `src/eagle3_train/train/config.py`) by
-`python -m eagle3_train.utils.settings --markdown > docs/CONFIG.md`; a test keeps it up to date. Do not edit by hand.
+`python -m eagle3_train.settings --markdown > docs/CONFIG.md`; a test keeps it up to date. Do not edit by hand.
 
 One dataclass per stage is the YAML section of `eagle3-train run --config FILE`, the flags of
 `eagle3-train STAGE` and the keyword defaults of the stage's Python function. Keys in parentheses are set by the
@@ -365,3 +367,26 @@ def config_reference() -> str:
         parts.append(markdown_table(cls, f"`{name}` (command only)", f"Flags of `eagle3-train {name}`."))
     return "\n".join(parts)
 
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eagle3_train.settings",
+                                description="the config reference generated from the settings dataclasses")
+    p.add_argument("--markdown", action="store_true", help="print docs/CONFIG.md (the default)")
+    p.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from the generated reference")
+    args = p.parse_args(argv)
+    text = config_reference()
+    if args.check:
+        if Path(args.check).read_text() != text:
+            print(f"{args.check} is out of date: python -m eagle3_train.settings --markdown > {args.check}")
+            return 1
+        return 0
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,8 +16,8 @@ Output (docs/ARCHITECTURE.md): `OUT/{split}/shard-NNNNN.safetensors` with `aux` 
 
 Only the base model runs (no full-vocab logits kept, no `output_hidden_states`): forward pre-hooks keep the unpadded
 rows of the three tapped layer inputs, and the base model's output is the final-norm state. The HF backend also
-stores the verifier's full-vocabulary argmax and logsumexp per token (`train.targets.full_vocab_stats`: float32, from
-the final state as stored, i.e. after the store dtype's rounding, with the verifier's logit transform; computed in
+stores the verifier's full-vocabulary argmax and logsumexp per token (`model.verifier_head.full_vocab_stats`: float32,
+from the final state as stored, i.e. after the store dtype's rounding, with the verifier's logit transform; computed in
 row chunks), so training need not redo that pass every epoch; the vLLM backend has no lm_head and stores none (the
 manifest's `verifier_stats` and each index entry's `verifier_stats` flag say which shards have them). Shards are
 planned deterministically from the data (length-sorted, cut every `shard_tokens` tokens), written atomically, and
@@ -31,7 +31,6 @@ import logging
 import os
 import resource
 import shutil
-import sys
 import time
 import typing
 from collections.abc import Sequence
@@ -42,7 +41,8 @@ from typing import Any
 
 from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained, same_verifier
 from eagle3_train.data.prepare import check_prepared_tokenizer
-from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts, parse_layer_ids, validate_layer_ids
+from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
+from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import Dtype, ExtractBackend, ExtractSettings, StoreDtype
 from eagle3_train.utils.io import (
     Eagle3InputError,
@@ -605,8 +605,7 @@ class _VerifierForward:
 
     def _stats_fn(self, model):
         """The full-vocab stats function (float32 lm_head, the verifier's logit transform) and its manifest record."""
-        from eagle3_train.model.verifier_head import logit_transform
-        from eagle3_train.train.targets import full_vocab_stats
+        from eagle3_train.model.verifier_head import full_vocab_stats, logit_transform
 
         head = model.get_output_embeddings()
         if head is None:
@@ -737,8 +736,3 @@ def main(args: argparse.Namespace) -> int:
           + (f", {tp['tokens_per_s']} tokens/s" if tp.get("tokens_per_s") else "") + ")")
     return 0
 
-
-if __name__ == "__main__":
-    from eagle3_train.cli import main as cli_main
-
-    sys.exit(cli_main(["extract", *sys.argv[1:]]))

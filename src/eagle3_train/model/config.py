@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.hidden_states.layers import check_layer_order, default_layer_ids
+from eagle3_train.model.aux_layers import check_layer_order, default_layer_ids
 from eagle3_train.utils.io import Eagle3InputError
 
 

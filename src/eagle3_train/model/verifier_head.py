@@ -195,3 +195,29 @@ def logit_transform(verifier_dir: str | Path, read_bias: bool = True) -> LogitTr
     if bias is not None:
         t.bias = bias.float()
     return t
+
+
+def chunk_rows(chunk: int, vocab: int, max_elements: int) -> int:
+    """Rows of a logits chunk: at most `chunk`, and at most `max_elements` logits over `vocab` entries."""
+    return max(1, min(chunk, max_elements // vocab))
+
+
+@torch.no_grad()
+def full_vocab_stats(h: torch.Tensor, lm_head: torch.Tensor, transform: LogitTransform | None = None,
+                     chunk: int = 1024, max_elements: int = 2**26) -> tuple[torch.Tensor, torch.Tensor]:
+    """(argmax [N] int64, logsumexp [N] float32) of the verifier's full-vocabulary logits for final states h [N, H].
+
+    The matmul runs in lm_head's dtype (h is cast to it), the transform and the reductions in float32; the logits
+    exist for one chunk of rows at a time (at most `max_elements` values: 256 MB in fp32, e.g. 409 rows of Kimi's
+    163840 tokens)."""
+    transform = transform or LogitTransform()
+    chunk = chunk_rows(chunk, lm_head.shape[0], max_elements)
+    argmax, lse = [], []
+    with torch.autocast(h.device.type, enabled=False):
+        for s in range(0, h.shape[0], chunk):
+            full = transform.apply((h[s:s + chunk].to(lm_head.dtype) @ lm_head.T).float())
+            argmax.append(full.argmax(-1))
+            lse.append(torch.logsumexp(full, -1))
+    if not argmax:
+        return (torch.zeros(0, dtype=torch.long, device=h.device), torch.zeros(0, dtype=torch.float32, device=h.device))
+    return torch.cat(argmax), torch.cat(lse)

@@ -95,7 +95,7 @@ def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TO
 def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None) -> list[int]:
     """The layers a hidden-state server captures: the three aux ids (default 2, L//2, L-3) and L, the last layer's
     output before the final norm (`extract` applies the norm itself)."""
-    from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+    from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
     from eagle3_train.utils.io import read_json
 
     config = read_json(Path(verifier_dir) / "config.json", "verifier config")

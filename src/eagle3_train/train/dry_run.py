@@ -271,7 +271,7 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
 def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[str]):
     """(the draft built on the meta device, its init record, its (d2t, t2d)): random, or the finetune source's
     names/shapes/dtypes loaded without data."""
-    from eagle3_train.train.trainer import build_model, init_record
+    from eagle3_train.train.build import build_model, init_record
 
     init = init_record(cfg, inputs)
     if cfg.layer_init == "verifier":  # init_record refused it beside finetune_from

@@ -381,7 +381,7 @@ def _load_weights_and_vocab(model, to_copy: dict[str, torch.Tensor], source: Fin
 
 def finetune_model(cfg, inputs):
     """Read the source, build the draft with its architecture for this verifier, load it: (model, init record)."""
-    from eagle3_train.train.trainer import build_model
+    from eagle3_train.train.build import build_model
 
     source = load_finetune_source(cfg, inputs)
     model = build_model(cfg, inputs, overrides=source.draft_overrides, vocab=source.vocab)

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from eagle3_train.assets.verifier import Verifier, as_verifier
-from eagle3_train.hidden_states.layers import check_layer_order
 from eagle3_train.hidden_states.store import check_hidden_states
+from eagle3_train.model.aux_layers import check_layer_order
 from eagle3_train.model.verifier_head import (
     LogitTransform,
     load_verifier_head,
@@ -104,7 +104,7 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
 def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str) -> RunInputs:
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
-    from eagle3_train.hidden_states.layers import parse_layer_ids, validate_layer_ids
+    from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
     from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
     if not cfg.endpoint:

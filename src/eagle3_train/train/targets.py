@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3_train.model.verifier_head import LogitTransform
+from eagle3_train.model.verifier_head import LogitTransform, chunk_rows, full_vocab_stats
 
 
 @dataclass
@@ -33,31 +33,6 @@ class Targets:
     # [N] float32: the verifier's probability mass on the draft vocab; probs * in_mass is its unrenormalised
     # distribution there, which the acceptance metrics (alpha) compare with the draft's
     in_mass: torch.Tensor
-
-
-def _chunk_rows(chunk: int, vocab: int, max_elements: int) -> int:
-    return max(1, min(chunk, max_elements // vocab))
-
-
-@torch.no_grad()
-def full_vocab_stats(h: torch.Tensor, lm_head: torch.Tensor, transform: LogitTransform | None = None,
-                     chunk: int = 1024, max_elements: int = 2**26) -> tuple[torch.Tensor, torch.Tensor]:
-    """(argmax [N] int64, logsumexp [N] float32) of the verifier's full-vocabulary logits for final states h [N, H].
-
-    The matmul runs in lm_head's dtype (h is cast to it), the transform and the reductions in float32; the logits
-    exist for one chunk of rows at a time (at most `max_elements` values: 256 MB in fp32, e.g. 409 rows of Kimi's
-    163840 tokens)."""
-    transform = transform or LogitTransform()
-    chunk = _chunk_rows(chunk, lm_head.shape[0], max_elements)
-    argmax, lse = [], []
-    with torch.autocast(h.device.type, enabled=False):
-        for s in range(0, h.shape[0], chunk):
-            full = transform.apply((h[s:s + chunk].to(lm_head.dtype) @ lm_head.T).float())
-            argmax.append(full.argmax(-1))
-            lse.append(torch.logsumexp(full, -1))
-    if not argmax:
-        return (torch.zeros(0, dtype=torch.long, device=h.device), torch.zeros(0, dtype=torch.float32, device=h.device))
-    return torch.cat(argmax), torch.cat(lse)
 
 
 @torch.no_grad()
@@ -75,7 +50,7 @@ def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torc
     logsumexp; what is kept is over the draft vocab."""
     if (full_argmax is None) != (full_lse is None):
         raise ValueError("full_argmax and full_lse go together")
-    chunk = _chunk_rows(chunk, lm_head.shape[0], max_elements)
+    chunk = chunk_rows(chunk, lm_head.shape[0], max_elements)
     with torch.autocast(final.device.type, enabled=False):
         return _targets(final, loss_mask, lm_head, draft_ids, t2d, transform or LogitTransform(), chunk,
                         full_argmax, full_lse)

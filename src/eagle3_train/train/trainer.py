@@ -7,8 +7,6 @@ Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -19,11 +17,9 @@ from typing import Any
 import torch
 
 from eagle3_train.checkpoints import native as ckpt
-from eagle3_train.model.config import DraftConfig
-from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.layer_init import copy_verifier_layer, load_verifier_layer, source_layers
-from eagle3_train.model.verifier_head import load_final_norm
+from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.train.batching import plan_batches
+from eagle3_train.train.build import build_model, init_record
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples, open_samples
 from eagle3_train.train.distributed import (
@@ -36,7 +32,7 @@ from eagle3_train.train.distributed import (
     init_distributed,
 )
 from eagle3_train.train.fc_scaling import EqualisedFC, feature_scale
-from eagle3_train.train.inputs import RunInputs, resolve_inputs
+from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
 from eagle3_train.train.optimizer import DraftOptimizer
@@ -44,13 +40,11 @@ from eagle3_train.train.precision import autocast, resolve_precision, verifier_t
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
-from eagle3_train.utils.config import load_yaml
 from eagle3_train.utils.host_memory import active_allocator, malloc_trim
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.outputs import claim_output_dir, output_lock, set_aside
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
-from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -64,50 +58,6 @@ def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
     return dev
 
 
-def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
-                vocab: tuple[torch.Tensor, torch.Tensor] | None = None, device: str = "cpu") -> Eagle3Draft:
-    """`overrides` (DraftConfig fields) and `vocab` (d2t, t2d) come from a finetuning source; default: the run's.
-    `device="meta"` (dry run) builds the structure without memory."""
-    d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
-    draft_cfg = DraftConfig.from_verifier(
-        inputs.verifier_config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
-        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
-        norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
-        norm_output=cfg.norm_output)
-    if overrides:
-        draft_cfg = dataclasses.replace(draft_cfg, **overrides)
-    draft_cfg.verifier["name_or_path"] = inputs.verifier_name
-    torch.manual_seed(cfg.seed)
-    with torch.device(device):
-        model = Eagle3Draft(draft_cfg)
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(inputs.embed)
-        model.set_vocab(d2t, t2d)
-        if cfg.lm_head_init == "verifier":
-            model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
-        elif cfg.lm_head_init != "random":
-            raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
-        if cfg.final_norm_init == "verifier":
-            if device != "meta":  # a dry run reads no weight data
-                model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
-        elif cfg.final_norm_init != "ones":
-            raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
-        if cfg.layer_init == "verifier":
-            sources = _layer_init_sources(cfg, inputs, draft_cfg.num_layers)
-            if cfg.layer_init_embed not in ("random", "verifier"):
-                raise Eagle3InputError(f"train.layer_init_embed must be 'random' or 'verifier', got "
-                                       f"'{cfg.layer_init_embed}'")
-            if device != "meta":
-                for i, index in enumerate(sources):
-                    copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
-                                        cfg.layer_init_embed == "verifier")
-        elif cfg.layer_init != "random":
-            raise Eagle3InputError(f"train.layer_init must be 'random' or 'verifier', got '{cfg.layer_init}'")
-    if cfg.freeze_lm_head:
-        model.lm_head.weight.requires_grad_(False)
-    return model
-
-
 def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
     warmup = max(1, round(total_steps * warmup_ratio))
 
@@ -117,25 +67,6 @@ def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
         progress_ = min(1.0, (step - warmup) / max(1, total_steps - warmup))
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress_))
     return f
-
-
-def _layer_init_sources(cfg: TrainConfig, inputs: RunInputs, num_layers: int) -> list[int]:
-    """The verifier layers `train.layer_init: verifier` copies into the draft's `num_layers` layers."""
-    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
-    return source_layers(cfg.layer_init_index, num_layers, int(text["num_hidden_layers"]))
-
-
-def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
-    """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
-    record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
-                              "final_norm_init": cfg.final_norm_init, "layer_init": cfg.layer_init}
-    if cfg.layer_init == "verifier":
-        if cfg.finetune_from:
-            raise Eagle3InputError("train.layer_init verifier starts the layers of a draft trained from scratch; with "
-                                   "train.finetune_from they come from the source draft: set one of the two")
-        record["layer_init_layers"] = _layer_init_sources(cfg, inputs, cfg.num_layers)
-        record["layer_init_embed"] = cfg.layer_init_embed
-    return record
 
 
 class Trainer:
@@ -415,9 +346,8 @@ class Trainer:
 
     def _best_key(self) -> str:
         """Rank at the k that export and serving use (as far as training-time test estimates it)."""
-        from eagle3_train.export.exporter import DEFAULT_SPECULATIVE_TOKENS
 
-        return f"accept_len_k{min(self.cfg.ttt_steps, DEFAULT_SPECULATIVE_TOKENS)}"
+        return f"accept_len_k{min(self.cfg.ttt_steps, NUM_SPECULATIVE_TOKENS)}"
 
     def maybe_best(self, val: dict[str, float]) -> None:
         key = self._best_key()
@@ -593,27 +523,3 @@ class Trainer:
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     return Trainer(cfg).run()
-
-
-# --- CLI ----------------------------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML run config; its `train` section is used (flags and --set override it)")
-    add_settings_arguments(p, TrainConfig)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig defaults < the --config file's `train` section < --set KEY=VALUE < flags given."""
-    base = dict(load_yaml(args.config).get("train") or {}) if getattr(args, "config", None) else None
-    return settings_from_args(TrainConfig, args, base)
-
-
-def main(args: argparse.Namespace) -> int:
-    if getattr(args, "dry_run", False):
-        from eagle3_train.train.dry_run import dry_run, format_report
-
-        print(format_report(dry_run(config_from_args(args))))
-        return 0
-    result = train(config_from_args(args))
-    print(json.dumps({k: result[k] for k in ("out", "step", "tokens_per_s", "best", "final") if k in result},
-                     indent=2))
-    return 0

@@ -4,7 +4,7 @@ A stage declares its settings once, as a dataclass whose fields carry their mean
 From it come: the argparse flags (`add_settings_arguments`: type, default, choices from `Literal` types, help),
 the settings built back from parsed args (`settings_from_args`: YAML section < `--set` < explicit flags), the check
 of a YAML section or `--set` key (`build_settings`: an unknown key names the closest valid one), and the config
-reference (`python -m eagle3_train.utils.settings --markdown`, written to docs/CONFIG.md).
+reference (`python -m eagle3_train.settings --markdown`, written to docs/CONFIG.md).
 """
 
 from __future__ import annotations
@@ -407,27 +407,3 @@ def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = T
     if intro:
         parts += [intro, ""]
     return "\n".join(parts + rows) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eagle3_train.utils.settings",
-                                description="the config reference generated from the settings dataclasses")
-    p.add_argument("--markdown", action="store_true", help="print docs/CONFIG.md (the default)")
-    p.add_argument("--check", metavar="FILE", help="exit 1 when FILE differs from the generated reference")
-    args = p.parse_args(argv)
-    from pathlib import Path
-
-    from eagle3_train.settings import config_reference
-
-    text = config_reference()
-    if args.check:
-        if Path(args.check).read_text() != text:
-            print(f"{args.check} is out of date: python -m eagle3_train.utils.settings --markdown > {args.check}")
-            return 1
-        return 0
-    print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

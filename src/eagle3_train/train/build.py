@@ -1,0 +1,80 @@
+"""The draft a run starts from (scratch: `build_model`, and the training metadata's `init` record of it); a finetune
+loads its source into the same structure (train/finetune.py). Used by the trainer, the finetune and the dry run."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.layer_init import copy_verifier_layer, load_verifier_layer, source_layers
+from eagle3_train.model.verifier_head import load_final_norm
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.inputs import RunInputs
+from eagle3_train.utils.io import Eagle3InputError
+
+
+def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] | None = None,
+                vocab: tuple[torch.Tensor, torch.Tensor] | None = None, device: str = "cpu") -> Eagle3Draft:
+    """`overrides` (DraftConfig fields) and `vocab` (d2t, t2d) come from a finetuning source; default: the run's.
+    `device="meta"` (dry run) builds the structure without memory."""
+    d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
+    draft_cfg = DraftConfig.from_verifier(
+        inputs.verifier_config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
+        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+        norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output)
+    if overrides:
+        draft_cfg = dataclasses.replace(draft_cfg, **overrides)
+    draft_cfg.verifier["name_or_path"] = inputs.verifier_name
+    torch.manual_seed(cfg.seed)
+    with torch.device(device):
+        model = Eagle3Draft(draft_cfg)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(inputs.embed)
+        model.set_vocab(d2t, t2d)
+        if cfg.lm_head_init == "verifier":
+            model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
+        elif cfg.lm_head_init != "random":
+            raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
+        if cfg.final_norm_init == "verifier":
+            if device != "meta":  # a dry run reads no weight data
+                model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
+        elif cfg.final_norm_init != "ones":
+            raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
+        if cfg.layer_init == "verifier":
+            sources = _layer_init_sources(cfg, inputs, draft_cfg.num_layers)
+            if cfg.layer_init_embed not in ("random", "verifier"):
+                raise Eagle3InputError(f"train.layer_init_embed must be 'random' or 'verifier', got "
+                                       f"'{cfg.layer_init_embed}'")
+            if device != "meta":
+                for i, index in enumerate(sources):
+                    copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
+                                        cfg.layer_init_embed == "verifier")
+        elif cfg.layer_init != "random":
+            raise Eagle3InputError(f"train.layer_init must be 'random' or 'verifier', got '{cfg.layer_init}'")
+    if cfg.freeze_lm_head:
+        model.lm_head.weight.requires_grad_(False)
+    return model
+
+
+def _layer_init_sources(cfg: TrainConfig, inputs: RunInputs, num_layers: int) -> list[int]:
+    """The verifier layers `train.layer_init: verifier` copies into the draft's `num_layers` layers."""
+    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    return source_layers(cfg.layer_init_index, num_layers, int(text["num_hidden_layers"]))
+
+
+def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
+    """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
+    record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
+                              "final_norm_init": cfg.final_norm_init, "layer_init": cfg.layer_init}
+    if cfg.layer_init == "verifier":
+        if cfg.finetune_from:
+            raise Eagle3InputError("train.layer_init verifier starts the layers of a draft trained from scratch; with "
+                                   "train.finetune_from they come from the source draft: set one of the two")
+        record["layer_init_layers"] = _layer_init_sources(cfg, inputs, cfg.num_layers)
+        record["layer_init_embed"] = cfg.layer_init_embed
+    return record
