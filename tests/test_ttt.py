@@ -18,6 +18,7 @@ from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import NUM_SUMS, StepSums, supervised_counts, ttt_forward
 
 V, VD, H, STEPS = 7, 3, 32, 3  # a tiny verifier vocabulary, so that draft and verifier argmaxes often agree
+DRAFT_IDS = (1, 4, 5)
 
 
 def tiny_draft(seed: int = 0) -> Eagle3Draft:
@@ -26,11 +27,18 @@ def tiny_draft(seed: int = 0) -> Eagle3Draft:
                       vocab_size=V, draft_vocab_size=VD, aux_layer_ids=(1, 2, 3), verifier_num_layers=6)
     model = Eagle3Draft(cfg)
     model.reset_parameters(std=0.5)  # large weights: peaked, position-dependent draft predictions
+    ids = torch.tensor(DRAFT_IDS)  # the draft vocabulary of tiny_batch's verifier head, as a run sets it
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    model.set_vocab(ids - torch.arange(VD), t2d)
     return model
 
 
-def tiny_batch(seed: int = 0) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A right-padded batch of 3 rows with user/assistant spans, and a verifier head (lm_head, draft ids, t2d)."""
+def tiny_batch(seed: int = 0, on_policy: tuple[int, ...] = ()) -> tuple[Batch, torch.Tensor, torch.Tensor,
+                                                                        torch.Tensor]:
+    """A right-padded batch of 3 rows with user/assistant spans, and a verifier head (lm_head, draft ids, t2d).
+    Rows in `on_policy` hold the verifier's own greedy tokens (each token its argmax at the position before, as
+    regenerated data does); the others random tokens (original answers the verifier would not have written)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([14, 9, 12])
     B, L = 3, int(lengths.max())
@@ -43,7 +51,10 @@ def tiny_batch(seed: int = 0) -> tuple[Batch, torch.Tensor, torch.Tensor, torch.
         ids[b, n:] = 0
     batch = Batch(ids, mask, torch.randn(B, L, 3 * H, generator=g), torch.randn(B, L, H, generator=g), lengths)
     lm_head = torch.randn(V, H, generator=g)
-    draft_ids = torch.tensor([1, 4, 5])
+    for b in on_policy:
+        n = int(lengths[b])
+        ids[b, 1:n] = (batch.final[b, :n - 1] @ lm_head.T).argmax(-1)
+    draft_ids = torch.tensor(DRAFT_IDS)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
     return batch, lm_head, draft_ids, t2d
@@ -67,9 +78,12 @@ def chain_step_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, 
 
 
 def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
-    """[6, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position, and the loss summed over
-    the positions whose chain was right at every earlier step (`train.chain_mask`)."""
-    sums = torch.zeros(6, STEPS, dtype=torch.float64)
+    """[7, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position, and the loss summed over
+    the positions whose chain was right at every earlier step (`train.chain_mask`). full_correct is what greedy
+    serving accepts: the draft matches the verifier's argmax at every step so far, and each step was fed the token
+    serving feeds it (the verifier's argmax, which is the data token only where the data is the verifier's own).
+    Row 6: the chain that follows the data tokens instead (what the metrics counted before)."""
+    sums = torch.zeros(7, STEPS, dtype=torch.float64)
     B, L = batch.input_ids.shape
     for b in range(B):
         final = batch.final[b]
@@ -77,18 +91,20 @@ def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
         valid = t2d[(final @ lm_head.T).argmax(-1)]  # the verifier's own choice is a token the draft can propose
         for t in range(L - 2):
             logits = chain_step_logits(model, batch.aux[b], batch.input_ids[b], t, min(STEPS, L - 2 - t))
-            chain = True
+            chain, served = True, True
             for j, lg in enumerate(logits):
                 if not batch.loss_mask[b, t + 2 + j]:
-                    chain = False
+                    chain = served = False
                     continue
                 p = t + 1 + j
                 ce = -(target[p] * torch.log_softmax(lg, -1)).sum()
                 correct = bool(valid[p]) and int(lg.argmax()) == int(target[p].argmax())
                 reached = chain
                 chain = chain and correct
-                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, chain,
-                                            float(ce) * bool(valid[p]) * reached], dtype=torch.float64)
+                accepted = served and correct
+                served = accepted and int((final[p] @ lm_head.T).argmax()) == int(batch.input_ids[b, p + 1])
+                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, accepted,
+                                            float(ce) * bool(valid[p]) * reached, chain], dtype=torch.float64)
     return sums
 
 
@@ -116,8 +132,8 @@ def test_targets_rows_are_the_supervised_next_tokens():
 def test_ttt_steps_read_the_targets_chain_decoding_reads():
     """...and with `train.chain_mask`, step j > 0 counts a position in the loss only if the draft was right there at
     every earlier step, as decoding position by position finds; the denominators and the metrics stay unmasked."""
-    model = tiny_draft(0).eval()  # seed 0: some chains stay right through the last step
-    batch, lm_head, draft_ids, t2d = tiny_batch(0)
+    model = tiny_draft(1).eval()  # seeds 1, 3: some chains stay right through the last step
+    batch, lm_head, draft_ids, t2d = tiny_batch(3, on_policy=(0,))  # rows 1, 2: data the verifier did not write
     targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
     denominators = supervised_counts(batch.loss_mask, STEPS)
     with torch.no_grad():
@@ -125,6 +141,7 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
         loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
         masked, masked_sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators, chain_mask=True)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
+    assert (expected[6] > expected[4]).any()  # and chains that only the data, not the verifier, would continue
     assert torch.equal(denominators, expected[1])
     n = 5  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
     torch.testing.assert_close(sums[1:n], expected[1:n], rtol=0, atol=0)

@@ -90,12 +90,13 @@ class StepSums:
 
 
 def _advance_chain(chain: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor, n: int,
-                   correct: torch.Tensor) -> torch.Tensor:
-    """After a TTT step: position t's chain [B, L] holds on if it held and the step was right there; positions not
-    scored at this step (the first n are the step's) break theirs. Returns the chain of the step's rows."""
+                   correct: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
+    """After a TTT step: position t's chain [B, L] holds on if it held and the step was right there (and, with
+    `carry`, only if the next step is fed what serving would feed it); positions not scored at this step (the first n
+    are the step's) break theirs. Returns the chain of the step's rows up to this step."""
     ok = chain[b_idx, t_idx] & correct
     chain[:, :n] = False
-    chain[b_idx, t_idx] = ok
+    chain[b_idx, t_idx] = ok if carry is None else ok & carry
     return ok
 
 
@@ -155,6 +156,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
     chain_ok = torch.ones(B, L, dtype=torch.bool, device=h.device)
+    draft_ids = model.draft_token_ids()
     reach = torch.ones(B, L, dtype=torch.bool, device=h.device) if chain_mask else None  # chain over the loss mask
     sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
@@ -191,7 +193,12 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
             if scored is not None:  # the metrics count the scored rows only
                 valid = valid & scored
             correct = match & valid
-            ok = _advance_chain(chain_ok, b_idx, t_idx, n, correct)
+            # Served greedily, the chain goes on with the verifier's argmax; the next TTT step reads the data token.
+            # Where the two differ (original answers, not the verifier's) the next step is not what serving runs,
+            # so the chain metrics stop there instead of following the data.
+            follows = targets.in_vocab[rows] & (
+                draft_ids[targets.argmax[rows]] == batch.input_ids[b_idx, t_idx + 2 + j])
+            ok = _advance_chain(chain_ok, b_idx, t_idx, n, correct, follows)
             counted = float(len(rows)) if scored is None else scored.sum().double()
             sums[:, j] = torch.stack([scored_loss.double(), torch.as_tensor(counted, device=h.device,
                                       dtype=torch.float64), valid.sum().double(), correct.sum().double(),
