@@ -156,8 +156,10 @@ class ExtractSettings:
     dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
                                             "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
                                 flag="--store-dtype", aliases=("--dtype",))
-    compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default bfloat16 on CUDA and on CPUs "
-                                                "with AVX512-BF16/AMX, ~1.8x faster there; float32 on other CPUs)")
+    compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default: the dtype the vLLM servers "
+                                                "started here serve it in, so that the stored teacher is the judge: "
+                                                "bfloat16 on CUDA, float32 on CPU; bfloat16 is ~1.8x faster on CPUs "
+                                                "with AVX512-BF16/AMX)")
     token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass")
     shard_tokens: int | None = setting(None, "tokens per shard file (default: about 256 MiB per shard)")
     device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")

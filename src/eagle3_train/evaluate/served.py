@@ -203,12 +203,33 @@ def _served_results(path: Path) -> bool:
 
 def run_served(s: ServedEvalSettings) -> dict[str, Any]:
     quiet_http_logs()
-    if s.out:  # refuse a foreign directory before any server starts
-        s.out = str(claim_output_dir(s.out, *_OUTPUT, _served_results))
+    if not s.out:
+        return _run_served(s)
+    s.out = str(claim_output_dir(s.out, *_OUTPUT, _served_results))  # refused before any server starts
+    with claimed_output(s.out, *_OUTPUT, _served_results):  # held while servers log there and results are written
+        return _run_served(s)
+
+
+def _trained_dtype_note(draft: str | None, served: str) -> dict[str, Any] | None:
+    """When the draft's teacher (the verifier run by extract) ran in another dtype than this server runs the
+    verifier in, the draft is judged against states a little unlike those it learned (bf16 against fp32 moves the
+    verifier's top-1 on ~1.6% of tokens): say so instead of leaving it silent."""
+    from eagle3_train.checkpoints.native import read_metadata
+
+    trained = ((read_metadata(draft) or {}).get("data") or {}).get("hidden_states_compute_dtype") if draft else None
+    if trained is None or trained == served:
+        return None
+    note = (f"the draft was trained on verifier states computed in {trained}, this server runs the verifier in "
+            f"{served}; extract with --compute-dtype {served} (or serve with --server-dtype {trained}) to judge it on "
+            f"the states it learned")
+    log.warning("served evaluation: %s", note)
+    return {"trained_on": trained, "served": served, "note": note}
+
+
+def _run_served(s: ServedEvalSettings) -> dict[str, Any]:
     prompts = load_prompts(s.benchmark, limit=s.num_prompts, turns=s.turns)
+    mismatch = None
     with ExitStack() as stack:
-        if s.out:  # held while the servers write their logs there and until the results are written
-            stack.enter_context(claimed_output(s.out, *_OUTPUT, _served_results))
         endpoints, baseline = list(s.endpoint), s.baseline_endpoint
         servers: dict[str, Any] = {}
         if not endpoints:
@@ -233,7 +254,9 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
             spec = stack.enter_context(VLLMServer(
                 verifier, speculative=speculative_config(s.draft, s.k), **opts,
                 log_path=logs / "vllm-draft.log" if logs else None))
-            endpoints, servers["draft"] = [spec.base_url], {"startup_s": spec.startup_s, "log": str(spec.log_path)}
+            endpoints, servers["draft"] = [spec.base_url], {"startup_s": spec.startup_s, "log": str(spec.log_path),
+                                                            "dtype": spec.dtype}
+            mismatch = _trained_dtype_note(s.draft, spec.dtype)
             if s.baseline and not baseline:
                 base = stack.enter_context(VLLMServer(verifier, **opts,
                                                       log_path=logs / "vllm-baseline.log" if logs else None))
@@ -245,6 +268,8 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
                                  temperature=s.temperature, seed=s.seed)
     result["draft"] = s.draft
     result["servers_started"] = servers
+    if mismatch:
+        result["dtype_mismatch"] = mismatch
     if s.out:
         out = Path(s.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,8 @@ def build_metadata(cfg, inputs, draft_config: DraftConfig, init: dict[str, Any],
             "counts": pm.get("counts"),
             "hidden_states": None if inputs.hidden_manifest.get("mode") == "online" else str(inputs.hidden_dir),
             "hidden_states_manifest_sha256": inputs.hidden_manifest_sha256,
+            # the dtype the teacher ran in: a draft served against the verifier in another dtype is named as such
+            "hidden_states_compute_dtype": inputs.hidden_manifest.get("compute_dtype"),
             "layer_ids": list(inputs.layer_ids),
             "hidden_states_dtype": inputs.hidden_manifest.get("dtype"),
             # mode (offline/online/hybrid), the servers' identity when served, samples skipped
