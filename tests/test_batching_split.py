@@ -9,6 +9,7 @@ import pytest
 
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, split_score
 from eagle3_train.train.batching import plan_batches
+from eagle3_train.utils.io import Eagle3InputError
 
 
 def _lengths(n: int, seed: int = 0) -> list[int]:
@@ -68,8 +69,16 @@ def test_split_count_takes_the_lowest_scores():
     out = assign_splits(ids, 0.0, seed=1, val_count=5)
     chosen = {i for i, s in zip(ids, out) if s == VALIDATION}
     assert chosen == set(sorted(ids, key=lambda i: split_score(i, 1))[:5])
-    assert assign_splits(ids[:3], 0.0, seed=1, val_count=10).count(TRAIN) == 1  # train keeps one
+    with pytest.raises(Eagle3InputError, match="val_count 10 is not smaller than the 3 conversations"):
+        assign_splits(ids[:3], 0.0, seed=1, val_count=10)  # clipped, it left one conversation to train on
+    assert assign_splits(ids[:3], 0.0, seed=1, val_count=2).count(TRAIN) == 1
     assert assign_splits(ids, 0.5, seed=1, val_count=0) == [TRAIN] * 50
+
+
+def test_a_group_lands_in_one_split():
+    ids = [f"c{i}" for i in range(40)] + [f"c{i}#2" for i in range(40)]
+    out = assign_splits(ids, 0.3, seed=2, group=[i.split("#")[0] for i in ids])
+    assert out[:40] == out[40:] and VALIDATION in out and TRAIN in out
 
 
 def test_tiny_sets_get_both_splits_and_bad_values_are_refused():

@@ -212,3 +212,17 @@ def test_evaluation_stops_where_training_supervision_ends(maskers, name):
     text = masker.tokenizer.decode(sample.input_ids, skip_special_tokens=False)
     users = [normalize_text(m["content"]) for m in messages if m["role"] == "user"]
     assert user_turns_of(text, header, end) == users
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_bound_on_tokens_masks_the_kept_tokens_exactly(maskers, name):
+    """prepare keeps the first max_length tokens: the masker stops probing replies that start past them (its cost no
+    longer grows with the square of the turns) and the kept tokens' mask is the unbounded one."""
+    turns = [m for i in range(300) for m in ({"role": "user", "content": f"question {i} " * (i % 5 + 1)},
+                                              {"role": "assistant", "content": f"answer {i}." * (i % 3 + 1)})]
+    full = maskers[name].encode(turns)
+    for bound in (8, 200, 777):  # 8: before the first reply
+        cut = maskers[name].encode_batch([turns], max_tokens=bound)[0]
+        assert cut.input_ids == full.input_ids
+        assert cut.loss_mask[:bound] == full.loss_mask[:bound] and (sum(cut.loss_mask[:bound]) > 0) == (bound > 8)
+        assert sum(cut.loss_mask) < sum(full.loss_mask)  # later replies were not probed

@@ -88,6 +88,8 @@ def test_cut_off_jsonl_last_line(tmp_path):
     assert [c.id for c in convs] == ["0", "1"]
     assert info.container == "json-lines" and info.formats == {"messages": 2}
     assert info.broken_tail["byte_offset"] == len(("\n".join(lines[:2]) + "\n").encode())
+    assert info.bad_records == {"cut_off_tail": 1}  # counted in the manifest, not only logged
+    assert [(e["line"], e["reason"]) for e in info.bad_record_examples] == [(3, "cut_off_tail")]
 
 
 def test_byte_order_mark_and_mixed_formats(tmp_path):
@@ -135,10 +137,13 @@ def test_generate_output_directory(tmp_path):
 def test_duplicate_ids_renamed(tmp_path):
     f = tmp_path / "dup.json"
     rec = SHAREGPT_RECORDS[0]
-    write_json_array(f, [rec, {**rec, "conversations": rec["conversations"][:1]}, rec])
+    other = {**rec, "conversations": rec["conversations"][:1]}
+    write_json_array(f, [rec, other, rec, {**rec, "id": "b7"}])
     convs, info = collect(f)
-    assert [c.id for c in convs] == ["a1", "a1#2", "a1#3"]
-    assert info.renamed_duplicate_ids == 2
+    # another conversation under the same id is kept, renamed; a repeat, word for word (any id), is kept once:
+    # twice, it would weigh double, and could land in both the train and the validation split
+    assert [c.id for c in convs] == ["a1", "a1#2"]
+    assert info.renamed_duplicate_ids == 1 and info.duplicates_dropped == 2
 
 
 # ---- bad input -------------------------------------------------------------------------------------------------
@@ -263,7 +268,7 @@ def test_skip_bad_records_in_a_json_array_and_all_bad(tmp_path):
     f = tmp_path / "dump.json"
     f.write_bytes(b'[\n{"id": "a", "messages": [{"role": "user", "content": "q"}]},\n{"id": "b", "mess\n'
                   b'{"id": "c", "messages": [{"role": "user", "content": "q\xff"}]},\n'
-                  b'{"id": "d", "messages": [{"role": "user", "content": "q"}]}\n]\n')
+                  b'{"id": "d", "messages": [{"role": "user", "content": "q4"}]}\n]\n')
     it, info = load_conversations(f, skip_bad_records=True)
     assert [c.id for c in it] == ["a", "d"]
     assert info.bad_records == {"invalid_json": 1, "invalid_utf8": 1}
@@ -328,7 +333,8 @@ def test_embedded_sharegpt_whole_file_reports_cut_off_tail():
     it, info = load_conversations("sharegpt")
     for _ in it:
         n += 1
-    assert n == info.conversations == info.records
+    assert n == info.conversations == info.records - info.duplicates_dropped
+    assert 0 < info.duplicates_dropped < info.records // 10  # ShareGPT repeats some conversations word for word
     assert info.broken_tail is not None
     tail = path.read_bytes()[info.broken_tail["byte_offset"]:]
     assert info.broken_tail["byte_offset"] + info.broken_tail["bytes"] == size

@@ -62,7 +62,9 @@ class SourceInfo:
     formats: dict[str, int] = field(default_factory=dict)  # record format -> count ("sharegpt", "messages")
     records: int = 0  # complete records decoded (including those past a limit are not read)
     conversations: int = 0  # conversations yielded
-    renamed_duplicate_ids: int = 0
+    renamed_duplicate_ids: int = 0  # the same id on another conversation: kept under ID#N
+    duplicates_dropped: int = 0  # a conversation seen before, word for word: kept once (else it could be trained on
+    # and validated on at once, and would weigh twice)
     limit: int | None = None
     complete: bool = False  # the whole file was read (no limit stopped it early)
     broken_tail: dict[str, int] | None = None  # {"byte_offset", "bytes"} of a cut-off last record
@@ -142,6 +144,7 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             raise Eagle3InputError(f"{path}, line {line}: not UTF-8 text (byte {e.start}); fix the file or pass "
                                    f"--skip-bad-records to skip such records") from None
     seen: Counter[str] = Counter()
+    contents: set[bytes] = set()
     formats: Counter[str] = Counter()
     line, last = 1, 0
     if limit == 0:
@@ -165,6 +168,11 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             info.records = n = n - 1
             _bad(info, path, line, "invalid_record", str(e).split(": ", 1)[-1])
             continue
+        digest = hashlib.sha256(json.dumps(conv.messages, sort_keys=True, ensure_ascii=False).encode()).digest()
+        if digest in contents:
+            info.duplicates_dropped += 1
+            continue
+        contents.add(digest)
         formats[fmt] += 1
         info.formats = dict(formats)
         info.format = fmt if len(formats) == 1 else "mixed"
@@ -234,6 +242,8 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
                 info.broken_tail = {"byte_offset": offset, "bytes": path.stat().st_size - offset}
                 log.warning("%s: skipped a cut-off last record at byte %d (%d bytes; %d complete records before it)",
                             path, offset, info.broken_tail["bytes"], info.records)
+                # counted with the bad records: a last line cut by a kill and a malformed one look alike here
+                _bad(info, path, _line(text, i), "cut_off_tail", f"{e.msg} at the end of the file")
                 return
             if not info.skip_bad_records:
                 raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "

@@ -80,8 +80,12 @@ class ChatMasker:
             self._marker_cache[suffix] = end_marker(suffix, self._specials)
         return self._marker_cache[suffix]
 
-    def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-        """Render the conversation; return the text and the character span of each assistant reply + marker."""
+    def spans(self, messages: list[dict[str, str]], max_tokens: int | None = None
+              ) -> tuple[str, list[tuple[int, int]]]:
+        """Render the conversation; return the text and the character span of each assistant reply + marker.
+
+        `max_tokens`: only the first max_tokens tokens will be kept, so replies that start later are not probed
+        (each probe renders the conversation so far: without a bound, masking costs quadratic time in turns)."""
         full = self.render(messages)
         out = []
         for i, m in enumerate(messages):
@@ -91,6 +95,8 @@ class ChatMasker:
             if not full.startswith(prompt):
                 raise ChatTemplateError(f"message {i}: the rendering of the earlier messages plus the generation "
                                         f"prompt is not a prefix of the whole conversation")
+            if max_tokens is not None and len(prompt) > max_tokens and self._token_count(prompt) > max_tokens:
+                break  # this reply and the later ones start past the cut (a token more: a merge at the boundary)
             start = len(prompt)
             probe = self.render(messages[:i] + [{"role": "assistant", "content": _SENTINEL}])
             k = probe.rfind(_SENTINEL)
@@ -113,13 +119,19 @@ class ChatMasker:
             out.append((start, end + len(marker)))
         return full, out
 
-    def encode_batch(self, conversations: list[list[dict[str, str]]]) -> list[MaskedSample | ChatTemplateError]:
-        """Encode many conversations with one tokenizer call; a failed one yields its ChatTemplateError."""
+    def _token_count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False, return_attention_mask=False,
+                                  verbose=False)["input_ids"])
+
+    def encode_batch(self, conversations: list[list[dict[str, str]]], max_tokens: int | None = None
+                     ) -> list[MaskedSample | ChatTemplateError]:
+        """Encode many conversations with one tokenizer call; a failed one yields its ChatTemplateError.
+        `max_tokens`: the masks are exact on the first max_tokens tokens (see `spans`)."""
         results: list[MaskedSample | ChatTemplateError] = []
         rendered: list[tuple[int, str, list[tuple[int, int]]]] = []
         for messages in conversations:
             try:
-                text, spans = self.spans(messages)
+                text, spans = self.spans(messages, max_tokens)
             except ChatTemplateError as e:
                 results.append(e)
                 continue
@@ -131,9 +143,7 @@ class ChatMasker:
                                  return_attention_mask=False, verbose=False)
             for (slot, text, spans), ids, offsets in zip(rendered, enc["input_ids"], enc["offset_mapping"]):
                 starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
-                mask = np.zeros(len(ids), dtype=bool)
-                for a, b in spans:
-                    mask |= (starts >= a) & (starts < b)
+                mask = _in_spans(starts, spans)
                 results[slot] = MaskedSample(text=text, spans=spans, input_ids=list(ids),
                                              loss_mask=mask.astype(np.int64).tolist())
         return results
@@ -143,6 +153,16 @@ class ChatMasker:
         if isinstance(result, ChatTemplateError):
             raise result
         return result
+
+
+def _in_spans(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """Whether each token start lies in one of the ordered, disjoint `spans` (a binary search per token: a loop over
+    spans costs tokens x turns, minutes for a conversation of thousands of turns)."""
+    if not spans:
+        return np.zeros(len(starts), dtype=bool)
+    a, b = (np.asarray(x, dtype=np.int64) for x in zip(*spans))
+    k = np.searchsorted(a, starts, side="right") - 1
+    return (k >= 0) & (starts < b[np.maximum(k, 0)])
 
 
 def special_tokens(tokenizer) -> list[str]:

@@ -127,7 +127,9 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     if not kept.samples:
         raise Eagle3InputError(f"no usable conversations in {info.path}: read {kept.n_read}, skipped "
                                f"{dict(kept.skipped) or 'none'}")
-    splits = assign_splits([s["id"] for s in kept.samples], val_fraction, seed, val_count)
+    # conversations that share an id (renamed ID#N when read) go to one split: parts of one chat must not straddle it
+    splits = assign_splits([s["id"] for s in kept.samples], val_fraction, seed, val_count,
+                           group=[s["id"].split("#")[0] for s in kept.samples])
     by_split: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
     for s, name in zip(kept.samples, splits):
         by_split[name].append(s)
@@ -200,7 +202,7 @@ class _Tokenized:
 
     def flush(self, batch: list[tuple[str, list[dict[str, str]]]]) -> None:
         max_length = self.max_length
-        for (conv_id, _), res in zip(batch, self.masker.encode_batch([m for _, m in batch])):
+        for (conv_id, _), res in zip(batch, self.masker.encode_batch([m for _, m in batch], max_length)):
             if isinstance(res, ChatTemplateError):
                 if not self.skipped["chat_template_error"]:
                     log.warning("conversation %s skipped: %s (later ones: see the manifest's skip counts)",
@@ -231,6 +233,7 @@ class _Tokenized:
             "skipped": dict(sorted(self.skipped.items())),
             "skipped_total": sum(self.skipped.values()),
             "bad_records": dict(sorted(info.bad_records.items())),  # skipped source records (skip_bad_records)
+            "duplicates_dropped": info.duplicates_dropped,  # conversations repeated word for word, kept once
             "truncated": self.truncated,
             "trimmed_leading_assistant": self.trimmed_leading,
             "assistant_turns_with_reasoning": self.reasoning_turns,
@@ -392,7 +395,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"read {c['conversations_read']} conversations from {src['path']}"
           + (f" (skipped a cut-off tail at byte {src['broken_tail']['byte_offset']})" if src["broken_tail"] else ""))
     print(f"kept: train {c['kept']['train']}, validation {c['kept']['validation']}; "
-          f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}")
+          f"truncated {c['truncated']}; skipped {c['skipped_total']} {json.dumps(c['skipped'])}"
+          + (f"; {c['duplicates_dropped']} repeated conversations kept once" if c["duplicates_dropped"] else ""))
     if c["bad_records"]:
         print(f"bad source records skipped: {json.dumps(c['bad_records'])}; first: "
               + ", ".join(f"line {e['line']} ({e['reason']})" for e in src["bad_record_examples"]))

@@ -29,11 +29,14 @@ def split_score(conv_id: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def assign_splits(ids: list[str], val_fraction: float, seed: int, val_count: int | None = None) -> list[str]:
+def assign_splits(ids: list[str], val_fraction: float, seed: int, val_count: int | None = None,
+                  group: list[str] | None = None) -> list[str]:
     """Split name for each id. When a non-zero validation share is asked for and there are at least two
-    conversations, validation and train both get at least one (a tiny run still has something to validate on)."""
+    conversations, validation and train both get at least one (a tiny run still has something to validate on).
+    `group` (one key per id): ids of one group score alike, so they land in one split (with val_count, except a
+    group that straddles the count)."""
     check_split_settings(val_fraction, val_count)
-    scores = [split_score(i, seed) for i in ids]
+    scores = [split_score(i, seed) for i in (ids if group is None else group)]
     if val_count is not None:
         if len(ids) >= 2 and val_count >= len(ids):  # clipping would leave one conversation to train on
             raise Eagle3InputError(f"val_count {val_count} is not smaller than the {len(ids)} conversations kept: "
