@@ -69,3 +69,53 @@ def test_a_run_equalises_the_fc_and_resumes_exactly(tiny_stages, tmp_path):
     assert w["straight"].keys() == w["plain"].keys()  # the served tensors: nothing added
     for k in w["straight"]:
         assert torch.equal(w["straight"][k], w["resumed"][k]), k
+
+
+class _Rows:
+    """Samples whose rows differ by rank (as each rank's fetches may), recording who fetched."""
+
+    def __init__(self, rank: int, fetched: str):
+        self.rank, self.fetched = rank, fetched
+
+    def __len__(self) -> int:
+        return 4
+
+    def batch(self, rows):
+        from eagle3_train.train.data import Batch
+
+        open(self.fetched, "a").write(f"{self.rank}\n")
+        g = torch.Generator().manual_seed(self.rank)
+        aux = torch.randn(len(rows), 5, 12, generator=g) * torch.arange(1, 13)
+        lengths = torch.full((len(rows),), 5)
+        return Batch(torch.zeros(len(rows), 5, dtype=torch.long), torch.ones(len(rows), 5, dtype=torch.bool), aux,
+                     torch.zeros(len(rows), 5, 4), lengths)
+
+
+def _rank(rank: int, port: int, fetched: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from eagle3_train.train.distributed import DistInfo
+    from eagle3_train.train.fc_scaling import shared_feature_scale
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        torch.save(shared_feature_scale(_Rows(rank, fetched), 12, DistInfo(rank, 2, rank)), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_trains_with_rank_zeros_scale_and_only_rank_zero_fetches(tmp_path):
+    """Under torchrun the statistics come from rank 0's rows only: the same s on every rank, and no other rank
+    fetches rows (in hybrid mode each fetch stores shards, and the same rows fetched twice were stored twice)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fetched, out = tmp_path / "fetched", tmp_path / "scale"
+    mp.spawn(_rank, args=(port, str(fetched), str(out)), nprocs=2)
+    assert fetched.read_text() == "0\n"
+    s0, s1 = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+    assert torch.equal(s0, s1) and torch.equal(s0, feature_scale(_Rows(0, str(tmp_path / "again"))))

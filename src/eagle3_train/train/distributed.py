@@ -44,6 +44,18 @@ def broadcast_parameters(model: torch.nn.Module, info: DistInfo) -> None:
             dist.broadcast(t.data, src=0)
 
 
+def broadcast_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Rank 0's `t` on every rank (in place); NCCL broadcasts from the GPU, so a CPU tensor takes a round trip."""
+    if info.world_size > 1:
+        if dist.get_backend() == "nccl" and t.device.type != "cuda":
+            on_gpu = t.to(f"cuda:{info.local_rank}")
+            dist.broadcast(on_gpu, src=0)
+            t.copy_(on_gpu.cpu())
+        else:
+            dist.broadcast(t, src=0)
+    return t
+
+
 def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """In-place sum across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
     if info.world_size > 1:

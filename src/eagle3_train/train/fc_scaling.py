@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle3_train.train.distributed import broadcast_
 from eagle3_train.train.ttt import feature_std
 
 SAMPLE_ROWS = 32  # training rows whose aux features set s (the first ones: every rank and a resume get the same s)
@@ -27,6 +28,13 @@ def feature_scale(samples, rows: int = SAMPLE_ROWS) -> torch.Tensor:
     batch = samples.batch(list(range(min(rows, len(samples)))))
     std = feature_std(batch.aux.float(), batch.lengths).float()
     return (std / std.median().clamp(min=1e-12)).clamp(min=MIN_SCALE)
+
+
+def shared_feature_scale(samples, width: int, info, rows: int = SAMPLE_ROWS) -> torch.Tensor:
+    """`feature_scale` computed by rank 0 alone and broadcast: every rank trains with the same s, and the other
+    ranks fetch nothing (in hybrid mode a fetch writes shards; the same rows from two ranks stored them twice)."""
+    scale = feature_scale(samples, rows) if info.is_main else torch.empty(width)
+    return broadcast_(scale.float().contiguous(), info)
 
 
 class EqualisedFC:

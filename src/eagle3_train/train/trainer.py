@@ -31,7 +31,7 @@ from eagle3_train.train.distributed import (
     destroy,
     init_distributed,
 )
-from eagle3_train.train.fc_scaling import EqualisedFC, feature_scale
+from eagle3_train.train.fc_scaling import EqualisedFC, shared_feature_scale
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
@@ -119,7 +119,8 @@ class Trainer:
                                         lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         self.fc_scaling: EqualisedFC | None = None
         if cfg.equalise_features:
-            self.fc_scaling = EqualisedFC(self.model.fc.weight, feature_scale(self.train_data))
+            self.fc_scaling = EqualisedFC(self.model.fc.weight, shared_feature_scale(
+                self.train_data, self.model.fc.weight.shape[1], self.info))
             if not cfg.finetune_from:  # a random fc starts as V ~ N(0, std), W = V / s
                 self.fc_scaling.init()
         self.step = 0
