@@ -5,3 +5,9 @@ pipq() {
   "$@" -q --disable-pip-version-check 2>&1 | { grep -v "^WARNING: Location" || true; }
   return "${PIPESTATUS[0]}"
 }
+
+# `ensure_venv PYTHON DIR`: a virtual environment in DIR with pip. A run interrupted while creating it leaves a DIR
+# with python but without pip, which `[ -x DIR/bin/python ]` took for done; venv over it installs what is missing.
+ensure_venv() {
+  [ -x "$2/bin/pip" ] || "$1" -m venv "$2"
+}

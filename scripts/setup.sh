@@ -7,7 +7,7 @@ PY=${PYTHON:-python3}
 dev=0; vllm=0
 for a in "$@"; do case "$a" in --dev) dev=1;; --vllm) vllm=1;; *) echo "unknown option $a" >&2; exit 2;; esac; done
 source scripts/pipq.sh
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+ensure_venv "$PY" .venv
 pipq .venv/bin/pip install -r requirements.txt
 if [ "$dev" = 1 ]; then pipq .venv/bin/pip install -r requirements-dev.txt; fi
 pipq .venv/bin/pip install --no-deps -r requirements-assets.txt

