@@ -20,9 +20,9 @@ from draft_layouts import (
     write_eagle_aux_keys,
 )
 
+from eagle3_train.train.cli import add_arguments, config_from_args
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.metadata import build_metadata
-from eagle3_train.train.trainer import add_arguments, config_from_args
 from eagle3_train.utils.io import Eagle3InputError
 
 OTHER = (3, 16, 28)  # one layer deeper than LAYER_IDS (2, 15, 27), the default taps of the 30-layer verifier

@@ -33,9 +33,9 @@ from draft_layouts import (
 from eagle3_train.checkpoints.native import save_checkpoint
 from eagle3_train.export.exporter import export
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.train.build import build_model
 from eagle3_train.train.finetune import apply_finetune_source, finetune_model, load_finetune_source
 from eagle3_train.train.metadata import build_metadata
-from eagle3_train.train.trainer import build_model
 from eagle3_train.utils.io import Eagle3InputError
 
 

@@ -10,8 +10,9 @@ from stage_helpers import train_config
 from transformers import LlamaForCausalLM
 
 from eagle3_train.model.draft import LayerTTTCache
+from eagle3_train.train.build import build_model
 from eagle3_train.train.inputs import resolve_inputs
-from eagle3_train.train.trainer import build_model, train
+from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
 
 

@@ -12,7 +12,7 @@ import pytest
 from eagle3_train.data.prepare import prepare
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import VLLMServer
-from eagle3_train.train import trainer
+from eagle3_train.train import cli as train_cli
 from eagle3_train.utils.io import Eagle3InputError
 
 TOKENIZER_CODE = '''
@@ -51,9 +51,9 @@ def test_prepare_refuses_remote_code_unless_trusted_and_records_it(remote_code_v
 
 def test_train_and_serve_take_the_flag(tmp_path):
     p = argparse.ArgumentParser()
-    trainer.add_arguments(p)
-    assert trainer.config_from_args(p.parse_args(["--trust-remote-code"])).trust_remote_code is True
-    assert trainer.config_from_args(p.parse_args([])).trust_remote_code is False  # off by default
+    train_cli.add_arguments(p)
+    assert train_cli.config_from_args(p.parse_args(["--trust-remote-code"])).trust_remote_code is True
+    assert train_cli.config_from_args(p.parse_args([])).trust_remote_code is False  # off by default
     assert "--trust-remote-code" in VLLMServer("m", port=1, trust_remote_code=True).command()
     assert "--trust-remote-code" not in VLLMServer("m", port=1).command()
 

@@ -132,3 +132,24 @@ def test_identity_without_hashing_the_weights(tmp_path):
     hashed = verifier_identity(tmp_path / "a", hash_weights=True)
     assert all(len(w["sha256"]) == 64 for w in hashed["weights"].values())
     assert same_verifier(a, hashed)  # sizes compared when only one side hashed
+
+
+@pytest.mark.parametrize("pp", [["--pipeline-parallel-size", "2"], ["--pipeline-parallel-size=4"], ["-pp", "2"]])
+def test_pipeline_parallel_serving_needs_the_drafts_own_embedding(tmp_path, pp):
+    """vLLM shares the verifier's embedding with a draft only at pipeline-parallel size 1; at 2+ a draft without
+    embed_tokens would run on an uninitialised one (no error, acceptance ~1): refused before any server starts."""
+    import torch
+    from safetensors.torch import save_file
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    save_file({"fc.weight": torch.zeros(2, 6)}, str(draft / "model.safetensors"))
+    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3}
+    with pytest.raises(Eagle3InputError, match="--include-embed"):
+        VLLMServer(tmp_path, port=8001, device="cpu", speculative=spec, vllm_args=pp)
+    VLLMServer(tmp_path, port=8001, device="cpu", speculative=spec, vllm_args=["--pipeline-parallel-size", "1"])
+    VLLMServer(tmp_path, port=8001, device="cpu", speculative=spec)
+    save_file({"fc.weight": torch.zeros(2, 6), "embed_tokens.weight": torch.zeros(4, 2)},
+              str(draft / "model.safetensors"))
+    VLLMServer(tmp_path, port=8001, device="cpu", speculative=spec, vllm_args=pp)  # its own embedding: served

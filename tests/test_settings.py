@@ -19,8 +19,8 @@ from eagle3_train import __version__, settings
 from eagle3_train.cli import STAGES, build_parser
 from eagle3_train.cli import main as cli_main
 from eagle3_train.pipeline import Pipeline, merged_config
+from eagle3_train.train.cli import config_from_args
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.trainer import config_from_args
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import build_settings, defaults, yaml_keys
 
@@ -233,8 +233,8 @@ def test_parser_rejects_bad_choices_before_any_input_loads(argv, capsys):
     (["train", "--token-budget", "0"], "token_budget must be >= 1"),
     (["train", "--num-layers", "0"], "num_layers must be >= 1"),
     (["train", "--step-decay", "-1"], "step_decay must be > 0"),
-    (["train", "--lr", "-1"], "lr must be > 0"),
-    (["train", "--lr", "nan"], "lr must be > 0, got nan"),
+    (["train", "--lr", "-1"], "lr must be >= 0"),
+    (["train", "--lr", "nan"], "lr must be >= 0, got nan"),
     (["train", "--ttt-steps", "0"], "ttt_steps must be >= 1"),
     (["train", "--log-every", "0"], "log_every must be >= 1"),
     (["train", "--grad-accum", "0"], "grad_accum must be >= 1"),

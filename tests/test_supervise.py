@@ -8,11 +8,12 @@ import torch
 from safetensors.torch import load_file
 from stage_helpers import train_config
 
+from eagle3_train.train.build import build_model
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.targets import verifier_targets
-from eagle3_train.train.trainer import build_model, train
+from eagle3_train.train.trainer import train
 from eagle3_train.train.ttt import supervised_counts, ttt_forward
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import Eagle3InputError

@@ -183,6 +183,39 @@ def _option_name(token: str) -> str | None:
     return "--" + name[5:] if name.startswith("--no-") else name
 
 
+def option_value(tokens: list[str], name: str, short: str | None = None) -> str | None:
+    """The value the user's flags give option `name` (`--name V`, `--name=V`, or the short form `-pp V`)."""
+    value = None
+    for i, tok in enumerate(tokens):
+        if _option_name(tok) == name or tok == short:
+            if "=" in tok:
+                value = tok.split("=", 1)[1]
+            elif i + 1 < len(tokens):
+                value = tokens[i + 1]
+    return value
+
+
+def check_draft_embedding(speculative: dict[str, Any] | None, vllm_args: list[str]) -> None:
+    """vLLM gives an EAGLE draft the verifier's embedding only at pipeline-parallel size 1; at 2 or more, a draft
+    without its own `embed_tokens` runs on an uninitialised one (acceptance ~1, no error). Refuse that here."""
+    draft = (speculative or {}).get("model")
+    pp = option_value(vllm_args, "--pipeline-parallel-size", "-pp")
+    if not draft or pp is None or int(pp) < 2:
+        return
+    from safetensors import safe_open
+
+    files = sorted(Path(draft).glob("*.safetensors"))
+    keys: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            keys |= set(h.keys())
+    if files and not any(k.endswith("embed_tokens.weight") for k in keys):
+        raise Eagle3InputError(f"the draft {draft} has no embed_tokens, and vLLM shares the verifier's embedding with "
+                               f"a draft only at --pipeline-parallel-size 1 (at {pp} the draft would run on an "
+                               f"uninitialised embedding): export it with --include-embed, or serve without "
+                               f"pipeline parallelism")
+
+
 def without_options(tokens: list[str], names: set[str]) -> list[str]:
     """`tokens` less the options in `names` and their values (the user's vllm_args replace ours)."""
     out: list[str] = []
@@ -237,6 +270,7 @@ class VLLMServer:
         self.served_model_name = served_model_name
         self.speculative = speculative
         self.vllm_args = split_vllm_args(vllm_args)
+        check_draft_embedding(speculative, self.vllm_args)
         self.python = vllm_python(python)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout

@@ -79,7 +79,8 @@ class TrainConfig:
     max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)", valid=">= 1")
     token_budget: int = setting(2048, "padded tokens per micro-batch", valid=">= 1")
     grad_accum: int = setting(1, "micro-batches per optimizer step", valid=">= 1")
-    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule)", valid="> 0")
+    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule); 0 checks a finetune loads unchanged",
+                        valid=">= 0")
     warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up", valid="[0, 1]")
     min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr", valid="[0, 1]")
     weight_decay: float = setting(0.0, "AdamW weight decay", valid=">= 0")
@@ -87,7 +88,7 @@ class TrainConfig:
         "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
                  "AdamW's), AdamW on the lm_head and norms (train/optimizer.py)")
     muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
-                                    valid="> 0")
+                                    valid=">= 0")
     muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)")
     muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group", valid=">= 0")
     beta1: float = setting(0.9, "AdamW beta1", valid="[0, 1)")
