@@ -41,6 +41,9 @@ def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
     assert vl["serves_as_trained"] and any("#46488" in x for x in vl["older_releases_need"])
     text = format_report(inspect_checkpoint(tmp_path / "spec"))
     assert "sglang: NOT as trained" in text and "vllm: serves it as trained" in text
+    # the EAGLE format too: vLLM's model code reads norm_output only from PR #42764 on
+    eagle = export(runs[1], tmp_path / "eagle", fmt="eagle")["engines"]["vllm"]
+    assert eagle["older_releases_need"] == ["norm_output: vLLM PR #42764"]
 
 
 def test_speculators_format_is_not_for_sglang(runs, tmp_path):
@@ -66,3 +69,25 @@ def test_speculators_export_names_a_verifier_vllm_can_load(tmp_path):
     assert servable_verifier("smollm2-135m-instruct") == str(resolve_verifier("smollm2-135m-instruct"))
     (tmp_path / "v").mkdir()
     assert servable_verifier(tmp_path / "v") == str((tmp_path / "v").resolve())
+
+
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_a_draft_over_the_whole_vocabulary_exports_as_vllm_loads_it(head, tmp_path, order):
+    """Vd = V: vLLM keeps no draft-to-target map and fails to load a d2t, so the export has none and its lm_head
+    rows are in token order; it proposes the same tokens with the same logits (the export's own reload check)."""
+    import torch
+    from draft_layouts import V
+    from safetensors import safe_open
+
+    from eagle3_train.checkpoints.formats import load_draft_source
+
+    ids = torch.arange(V) if order == "sorted" else torch.randperm(V, generator=torch.Generator().manual_seed(0))
+    ref = reference_draft(head[0], (ids - torch.arange(V), torch.ones(V, dtype=torch.bool)))
+    run = write_ours(ref, tmp_path / "run")
+    export(run / "final", tmp_path / "draft", fmt="eagle", dtype="float32", verifier="smollm2-test")
+    with safe_open(str(tmp_path / "draft" / "model.safetensors"), "pt") as f:
+        assert "d2t" not in f.keys() and "t2d" not in f.keys()
+        lm_head = f.get_tensor("lm_head.weight")
+    assert torch.equal(lm_head[ids], ref.lm_head.weight)  # row of token t = the draft row that proposed t
+    loaded = load_draft_source(tmp_path / "draft")
+    assert torch.equal(loaded.tensors["d2t"], torch.zeros(V, dtype=torch.long))

@@ -77,3 +77,30 @@ def test_the_client_touches_only_files_in_the_hidden_states_dir(stub, tiny_stage
     # without the directory the client refuses before sending anything
     assert cli.main([*argv[:-2], "--out", str(tmp_path / "out-none")]) == 2
     assert "needs --hidden-states-dir" in capsys.readouterr().err
+
+
+def test_float16_states_of_a_deepseek_verifier_are_refused(tmp_path):
+    """vLLM's DeepSeek-V2/V3 (and Kimi) layers divide the residual stream by routed_scaling_factor in float16: states
+    captured from such a server are off by that factor, so they are refused, naming the fix; bf16 ones pass."""
+    import torch
+    from safetensors.torch import save_file
+
+    from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+    from eagle3_train.utils.io import Eagle3InputError
+
+    verifier = tmp_path / "deepseek"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": 8,
+                                                      "hidden_size": 4, "rms_norm_eps": 1e-6,
+                                                      "routed_scaling_factor": 2.5}))
+    save_file({"model.norm.weight": torch.ones(4)}, str(verifier / "model.safetensors"))
+    client = VLLMHiddenStates(["http://127.0.0.1:9/v1"], verifier, (2, 4, 5), torch.bfloat16,
+                              hidden_states_dir=tmp_path)
+    ids = [1, 2, 3]
+    states = torch.randn(3, 4, 4)
+    with pytest.raises(Eagle3InputError, match=r"float16.*routed_scaling_factor 2.5.*bfloat16"):
+        client._split({"hidden_states": states.half(), "token_ids": torch.tensor(ids), "metadata": {}}, ids, "url")
+    client.server_dtype = None
+    aux, final = client._split({"hidden_states": states.bfloat16(), "token_ids": torch.tensor(ids), "metadata": {}},
+                               ids, "url")
+    assert aux.shape == (3, 12) and final.shape == (3, 4)

@@ -353,6 +353,11 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         t2d[targets] = True
         tensors["t2d"] = t2d
         notes.append("t2d rebuilt from d2t (t2d[i + d2t[i]] = True)")
+    if "d2t" not in tensors and "t2d" not in tensors and config.draft_vocab_size == config.vocab_size:
+        # the whole vocabulary, rows in token order (as vLLM reads such a draft): the identity map
+        tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)
+        tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+        notes.append("no d2t/t2d: the draft vocabulary is the whole vocabulary, in token order")
     meta_path = directory / "training_metadata.json"
     metadata = read_json(meta_path, "training metadata") if meta_path.is_file() else None
     hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}

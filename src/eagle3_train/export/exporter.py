@@ -57,6 +57,24 @@ def validate_tensors(model: Eagle3Draft, tensors: dict[str, torch.Tensor]) -> No
         raise Eagle3InputError("d2t and t2d disagree: t2d must be True exactly at i + d2t[i]")
 
 
+def full_vocabulary_layout(model: Eagle3Draft, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A draft whose vocabulary is the whole verifier vocabulary: vLLM (0.32 checked) then keeps no draft-to-target
+    map and fails to load a d2t. Write the lm_head rows in token order (the same distribution) and no d2t/t2d."""
+    if model.config.draft_vocab_size != model.config.vocab_size:
+        return tensors
+    lm_head = tensors["lm_head.weight"]
+    in_token_order = torch.empty_like(lm_head)
+    in_token_order[model.draft_token_ids().cpu()] = lm_head
+    return {**{k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}, "lm_head.weight": in_token_order}
+
+
+def _token_logits(model: Eagle3Draft, logits: torch.Tensor) -> torch.Tensor:
+    """Draft-vocab logits placed at their token ids (-inf elsewhere): comparable whatever the draft rows' order."""
+    out = logits.new_full((*logits.shape[:-1], model.config.vocab_size), float("-inf"))
+    out[..., model.draft_token_ids()] = logits
+    return out
+
+
 @torch.no_grad()
 def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> float:
     """Reload the export with the format reader and compare logits with the training module (cast to `dtype`)."""
@@ -79,6 +97,11 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     pos = torch.arange(L)[None]
     a, _, _ = ref.eval().forward_cached(ref.fuse(aux), ids, pos, None)
     b, _, _ = again.eval().forward_cached(again.fuse(aux), ids, pos, None)
+    a, b = _token_logits(ref, a), _token_logits(again, b)
+    finite = torch.isfinite(a)
+    if not torch.equal(finite, torch.isfinite(b)):
+        raise Eagle3InputError(f"export {out_dir}: the reloaded draft proposes other tokens than the trained module")
+    a, b = a[finite], b[finite]
     err = (a - b).abs().max().item()
     if not torch.allclose(a, b, rtol=1e-4, atol=1e-4):
         raise Eagle3InputError(f"export {out_dir}: reloaded draft's logits differ from the trained module by {err}")
@@ -134,6 +157,7 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         cfg.verifier.get("name_or_path") or recorded.get("name") or recorded.get("path")
     tensors = {k: v for k, v in model.trainable_state_dict().items()}
     validate_tensors(model, tensors)
+    tensors = full_vocabulary_layout(model, tensors)
     torch_dtype = DTYPES[dtype]
     out_tensors = {export_key(k, fmt): (v.to(torch_dtype) if v.is_floating_point() else v).contiguous()
                    for k, v in tensors.items()}

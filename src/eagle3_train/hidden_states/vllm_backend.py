@@ -162,6 +162,9 @@ class VLLMHiddenStates:
         config = read_json(self.verifier_dir / "config.json", "verifier config")
         text = config.get("text_config", config)
         self.num_layers, self.hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
+        # vLLM's DeepSeek-V2/V3 layers (Kimi's too) divide the residual stream by this in float16 (an overflow guard)
+        self.fp16_residual_scale = float(text.get("routed_scaling_factor") or 1.0) if str(
+            text.get("model_type", "")).startswith(("deepseek", "kimi")) else 1.0
         self.layer_ids = [int(i) for i in layer_ids]
         self.server_layer_ids = [*self.layer_ids, self.num_layers]  # what the server must capture, in this order
         self.store_dtype = store_dtype
@@ -299,6 +302,11 @@ class VLLMHiddenStates:
                                    f"{list(want)} ([tokens, aux layers + last, hidden size of {self.verifier_dir}]): "
                                    f"the server runs another verifier or other layer ids")
         self.server_dtype = self.server_dtype or str(states.dtype).removeprefix("torch.")
+        if states.dtype == torch.float16 and self.fp16_residual_scale != 1.0:
+            raise Eagle3InputError(f"{url} runs {self.verifier_dir.name} in float16, where vLLM's DeepSeek/Kimi layers "
+                                   f"divide the residual stream by routed_scaling_factor "
+                                   f"{self.fp16_residual_scale:g}: the captured states are off by that factor. "
+                                   f"Serve it in bfloat16 (eagle3-train serve --server-dtype bfloat16)")
         aux = states[:, :-1].reshape(len(ids), -1).to(self.store_dtype)
         final = rms_norm(states[:, -1], self.norm_weight, self.norm_eps).to(self.store_dtype)
         return aux, final
