@@ -517,3 +517,22 @@ def test_a_draft_taught_in_another_dtype_than_it_is_served_in_is_named(tmp_path)
     assert note["trained_on"] == "bfloat16" and "--compute-dtype float32" in note["note"]
     assert _trained_dtype_note(str(draft), "bfloat16") is None
     assert _trained_dtype_note(str(tmp_path / "no-metadata"), "float32") is None
+
+
+def test_extract_takes_the_layers_of_the_draft_it_will_finetune(tmp_path, tiny_llama, mixed_prepared, head, vocab_a):
+    """`--finetune-from SOURCE` extracts the layers the source was trained on (read as the finetune reads them), so
+    the finetune is not refused after the extraction; --layer-ids that contradict the source are refused first."""
+    from draft_layouts import SMOL, write_specforge
+
+    from eagle3_train.model.config import DraftConfig
+    from eagle3_train.model.draft import Eagle3Draft
+
+    draft = Eagle3Draft(DraftConfig.from_verifier(SMOL, vocab_a[0].shape[0], aux_layer_ids=(1, 2, 3)))
+    draft.set_vocab(*vocab_a)
+    source = write_specforge(draft, tmp_path / "sf", head[0])  # nested in eagle_config as 0,1,2: output of layer i
+    m = extract(mixed_prepared, tiny_llama, tmp_path / "hs", device="cpu", max_samples=1, splits=("train",),
+                finetune_from=str(source))
+    assert m["layer_ids"] == [1, 2, 3] and m["layer_ids_from"] == str(source)
+    with pytest.raises(Eagle3InputError, match=r"differ from the layers the finetune source"):
+        extract(mixed_prepared, tiny_llama, tmp_path / "hs2", device="cpu", layer_ids="0,1,2",
+                finetune_from=str(source))

@@ -153,6 +153,8 @@ class ExtractSettings:
     out: str = setting("", "directory for the hidden-state shards (rerun to resume)", required=True, yaml=False)
     layer_ids: str | list[int] | None = setting(
         None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
+    finetune_from: str | None = setting(None, "the draft you will finetune (dir, export or hub id): extract the layers "
+                                              "it was trained on (read in its producer's convention)", yaml=False)
     dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
                                             "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
                                 flag="--store-dtype", aliases=("--dtype",))

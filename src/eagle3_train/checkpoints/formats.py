@@ -382,6 +382,14 @@ def fill_default_aux_ids(config: DraftConfig, verifier_num_layers: int) -> Draft
     return config
 
 
+def draft_layer_ids(source: str | Path, verifier_num_layers: int) -> tuple[tuple[int, ...], str]:
+    """The verifier layers (vLLM's input-of-layer ids) a published or earlier draft was trained on, read from its
+    config in its producer's convention (`read_aux_ids`), and where they came from; headers only, no weights."""
+    loaded = load_draft_source(source, shapes_only=True)
+    fill_default_aux_ids(loaded.config, verifier_num_layers)
+    return tuple(loaded.config.aux_layer_ids), loaded.aux_ids_origin
+
+
 def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
     """What a draft is, in a few JSON fields (training metadata and `eagle3-train inspect`)."""
     c, sc = loaded.config, loaded.source_config

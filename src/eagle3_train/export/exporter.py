@@ -190,7 +190,10 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
                   "weights_sha256": sha256_file(tmp / "model.safetensors"), "engines": engines}
         write_json(tmp / METADATA, {**metadata, "export": record})
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
-    return {"out": str(out), **record, "serve": serve_command(out, fmt, verifier_name, speculative_tokens)}
+    # a verifier that needed its own code to train needs it to serve (Kimi's config and tokenizer)
+    remote_code = bool((metadata.get("settings") or {}).get("trust_remote_code"))
+    return {"out": str(out), **record,
+            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code)}
 
 
 def is_export_dir(path: Path) -> bool:
@@ -201,11 +204,12 @@ def is_export_dir(path: Path) -> bool:
         return False
 
 
-def serve_command(out: Path, fmt: str, verifier: str | None, k: int) -> str:
+def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remote_code: bool = False) -> str:
+    flag = " --trust-remote-code" if trust_remote_code else ""
     if fmt == "speculators":
-        return f"vllm serve {out}"
+        return f"vllm serve {out}{flag}"
     spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k})
-    return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'"
+    return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'{flag}"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

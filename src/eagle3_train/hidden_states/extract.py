@@ -325,7 +325,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
             disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
             vllm_options: dict[str, Any] | None = None, trust_remote_code: bool = _D.trust_remote_code,
-            hash_weights: bool = _D.hash_weights) -> dict:
+            hash_weights: bool = _D.hash_weights, finetune_from: str | None = _D.finetune_from) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -343,7 +343,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     ds = load_prepared(prepared_dir, splits)
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = validate_layer_ids(parse_layer_ids(layer_ids), num_layers, f"verifier {verifier.name}")
+    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name)
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
@@ -364,7 +364,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
         "verifier": verifier.identity(hash_weights),
         "backend": backend,
-        "layer_ids": list(ids), "dtype": dtype, "compute_dtype": compute_dtype,
+        "layer_ids": list(ids), "layer_ids_from": finetune_from, "dtype": dtype, "compute_dtype": compute_dtype,
         "hidden_size": hidden, "num_layers": num_layers,
         "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
         "max_samples": max_samples, "shard_tokens": int(shard_tokens),
@@ -490,6 +490,22 @@ def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text
                                f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
                                f"shorter max length")
     return plan_shards(lengths, shard_tokens)
+
+
+def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str) -> tuple[int, ...]:
+    """The taps: given, else the finetune source's (so the finetune is not refused after hours of extraction)."""
+    given = parse_layer_ids(layer_ids)
+    if finetune_from:
+        from eagle3_train.checkpoints.formats import draft_layer_ids
+
+        source, origin = draft_layer_ids(finetune_from, num_layers)
+        if given is not None and tuple(given) != source:
+            raise Eagle3InputError(f"--layer-ids {list(given)} differ from the layers the finetune source "
+                                   f"{finetune_from} was trained on, {list(source)} (vLLM's input-of-layer ids, read "
+                                   f"from {origin}): drop --layer-ids to extract the source's")
+        log.info("extract: the layers of finetune source %s: %s (%s)", finetune_from, list(source), origin)
+        given = source
+    return validate_layer_ids(given, num_layers, f"verifier {verifier}")
 
 
 WHAT = "hidden-states directory"
@@ -726,6 +742,7 @@ def main(args: argparse.Namespace) -> int:
     manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
+                       finetune_from=s.finetune_from,
                        backend=s.backend, endpoints=s.endpoint, hash_weights=s.hash_weights,
                        vllm_options={"model": s.model, "concurrency": s.concurrency,
                                      "hidden_states_dir": s.hidden_states_dir},
