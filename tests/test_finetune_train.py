@@ -55,3 +55,20 @@ def test_finetune_with_a_rebuilt_smaller_vocabulary_trains(stages, tmp_path):
     assert meta["draft_config"]["draft_vocab_size"] == 700 == overlap["run_draft_vocab_size"]
     # Both vocabularies are the most frequent tokens of the same data: the smaller one lies inside the larger.
     assert overlap["shared_tokens"] == 700 and overlap["source_draft_vocab_size"] == 1024
+
+
+def test_finetune_keeping_the_sources_vocabulary_needs_no_vocab(stages, tmp_path):
+    """finetune_vocab keep uses the source's d2t/t2d: a run vocabulary is then optional (it was required, and unused);
+    rebuild still needs one, by name."""
+    root, _ = stages
+    train(config(root, tmp_path / "a", max_steps=2))
+    result = train(config(root, tmp_path / "b", max_steps=2, vocab="", finetune_from=str(tmp_path / "a")))
+    assert result["step"] == 2
+    meta = json.loads((tmp_path / "b" / "training_metadata.json").read_text())
+    assert meta["vocab"]["origin"].startswith("finetune source") and meta["vocab"]["run_vocab_not_used"] is None
+    assert meta["init"]["vocab_overlap"]["shared_tokens"] is None
+    from eagle3_train.utils.io import Eagle3InputError
+
+    with pytest.raises(Eagle3InputError, match="train.vocab is required"):
+        train(config(root, tmp_path / "c", max_steps=2, vocab="", finetune_from=str(tmp_path / "a"),
+                     finetune_vocab="rebuild"))

@@ -292,7 +292,9 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
                        f"names/shapes/dtypes ({s['dtypes']}, {s['parameters'] / 1e9:.2f}B parameters), "
                        f"fit to the verifier, aux layers {init['aux_layers']['source']} "
                        f"({init['aux_layers']['source_origin']}) vs the run's {init['aux_layers']['run']}, "
-                       f"vocab policy {cfg.finetune_vocab} ({init['vocab_overlap']['shared_tokens']} shared tokens)")
+                       f"vocab policy {cfg.finetune_vocab}"
+                       + (f" ({init['vocab_overlap']['shared_tokens']} shared tokens)"
+                          if init["vocab_overlap"]["shared_tokens"] is not None else " (no run vocab given)"))
         not_checked.append("finetune source tensor values (not read: NaN/Inf, embed_tokens against the verifier's) "
                            "and file hashes (computed by the real run)")
     else:
@@ -329,7 +331,8 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     not_checked.append("verifier weight values and hashes (sizes only)" if "headers" in head_origin else
                        "verifier weights: none in the directory, so the embedding and lm_head shapes come from "
                        "config.json; the real run needs them")
-    checked.append(f"vocab {inputs.vocab_path}: d2t/t2d consistent, {inputs.d2t.shape[0]} draft tokens over {V}")
+    if inputs.d2t is not None:
+        checked.append(f"vocab {inputs.vocab_path}: d2t/t2d consistent, {inputs.d2t.shape[0]} draft tokens over {V}")
 
     model, init, (d2t, t2d) = _meta_draft(cfg, inputs, checked, not_checked)
     mc = model.config

@@ -355,7 +355,7 @@ def _load_weights_and_vocab(model, to_copy: dict[str, torch.Tensor], source: Fin
     with the shared tokens' lm_head rows remapped); returns the vocabulary overlap record."""
     params = dict(model.named_parameters())
     src_ids = torch.arange(source.d2t.shape[0]) + source.d2t
-    run_ids = torch.arange(inputs.d2t.shape[0]) + inputs.d2t
+    run_ids = None if inputs.d2t is None else torch.arange(inputs.d2t.shape[0]) + inputs.d2t
     policy = cfg.finetune_vocab
     with torch.no_grad():
         for k, v in to_copy.items():
@@ -364,9 +364,15 @@ def _load_weights_and_vocab(model, to_copy: dict[str, torch.Tensor], source: Fin
             params[k].copy_(v.to(params[k].dtype))  # cast to the built model's dtype
         if policy == "keep":
             model.set_vocab(source.d2t, source.t2d)
-            overlap = _vocab_overlap(src_ids, run_ids)
-            notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's vocab "
-                         f"{inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
+            if run_ids is None:
+                overlap = {"source_draft_vocab_size": int(src_ids.numel()), "run_draft_vocab_size": None,
+                           "shared_tokens": None}
+                notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used (no run "
+                             f"vocab given)")
+            else:
+                overlap = _vocab_overlap(src_ids, run_ids)
+                notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's "
+                             f"vocab {inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
         else:
             model.set_vocab(inputs.d2t, inputs.t2d)
             if "lm_head.weight" in to_copy and copy:

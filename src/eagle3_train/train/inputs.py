@@ -31,10 +31,10 @@ class RunInputs:
     hidden_dir: Path
     hidden_manifest: dict[str, Any]
     hidden_manifest_sha256: str
-    vocab_path: Path
+    vocab_path: Path | None  # None: a finetune that keeps its source's vocabulary and was given none of its own
     vocab_sha256: str
-    d2t: torch.Tensor
-    t2d: torch.Tensor
+    d2t: torch.Tensor | None
+    t2d: torch.Tensor | None
     verifier_name: str
     verifier_dir: Path
     verifier_identity: dict[str, Any]
@@ -57,11 +57,27 @@ def vocab_file(path: str | Path) -> Path:
     return p / "vocab.safetensors" if p.is_dir() else p
 
 
-def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
-    """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
+def _keeps_source_vocab(cfg) -> bool:
+    return bool(getattr(cfg, "finetune_from", None)) and getattr(cfg, "finetune_vocab", "keep") == "keep"
+
+
+def _run_vocab(cfg, vocab_size: int) -> tuple[Path | None, str, torch.Tensor | None, torch.Tensor | None]:
+    """(path, sha256, d2t, t2d) of the run's vocabulary; none when a finetune keeps its source's and got no --vocab."""
     from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
-    needed = ("prepared", "hidden_states", "vocab") if cfg.hidden_states_mode == "offline" else ("prepared", "vocab")
+    if not cfg.vocab and _keeps_source_vocab(cfg):
+        return None, "", None, None
+    vpath = vocab_file(cfg.vocab)
+    d2t, t2d = load_vocab(vpath)
+    check_vocab_fits(t2d, vocab_size, vpath)
+    return vpath, sha256_file(vpath), d2t, t2d
+
+
+def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
+    """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
+    needed = ("prepared", "hidden_states") if cfg.hidden_states_mode == "offline" else ("prepared",)
+    if not _keeps_source_vocab(cfg):  # finetune_vocab keep uses the source's: --vocab is then optional
+        needed = (*needed, "vocab")
     for name in needed:
         if not getattr(cfg, name):
             raise Eagle3InputError(f"train.{name} is required (the output directory of that stage)")
@@ -77,9 +93,6 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
 
-    vpath = vocab_file(cfg.vocab)
-    d2t, t2d = load_vocab(vpath)
-
     recorded_verifier = hidden_manifest.get("verifier", {})
     # The name stays what the user gave (a hub id, not this machine's cache): the draft and its exports record it.
     verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(recorded_verifier, str(hm_path))
@@ -91,12 +104,12 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
         embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
     else:
         embed, lm_head, vcfg = load_verifier_head(verifier_dir)
-    check_vocab_fits(t2d, vcfg.get("text_config", vcfg)["vocab_size"], vpath)
+    vpath, vsha, d2t, t2d = _run_vocab(cfg, vcfg.get("text_config", vcfg)["vocab_size"])
     fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
     layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
                                   f"Extract again: `eagle3-train extract --layer-ids {fixed} --overwrite ...`")
     return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, hidden_manifest, sha256_file(hm_path),
-                     vpath, sha256_file(vpath), d2t, t2d, str(verifier_name), verifier_dir,
+                     vpath, vsha, d2t, t2d, str(verifier_name), verifier_dir,
                      {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids,
                      logit_transform(verifier_dir, read_bias=not head_shapes_only))
 
@@ -105,7 +118,6 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
     from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
-    from eagle3_train.vocab.build import check_vocab_fits, load_vocab
 
     if not cfg.endpoint:
         raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
@@ -117,13 +129,11 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                f"verifier {verifier_name}")
-    vpath = vocab_file(cfg.vocab)
-    d2t, t2d = load_vocab(vpath)
-    check_vocab_fits(t2d, text["vocab_size"], vpath)
+    vpath, vsha, d2t, t2d = _run_vocab(cfg, text["vocab_size"])
     hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
         else Path("")
     manifest = {"layer_ids": list(layer_ids), "dtype": cfg.hidden_states_dtype, "mode": cfg.hidden_states_mode}
     # No manifest hash: online states are not stored, hybrid ones are still being written (resume checks the
     # prepared data, vocab and settings).
-    return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, manifest, "", vpath, sha256_file(vpath),
+    return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, manifest, "", vpath, vsha,
                      d2t, t2d, str(verifier_name), verifier_dir, identity, vcfg, embed, lm_head, tuple(layer_ids))

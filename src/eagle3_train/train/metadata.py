@@ -61,6 +61,7 @@ def _vocab_record(inputs, draft_config: DraftConfig, init: dict[str, Any]) -> di
     if init.get("method") == "finetune" and init.get("vocab_policy") == "keep":
         return {"origin": "finetune source (vocab policy keep)", "source": init.get("resolved") or init.get("source"),
                 "draft_vocab_size": draft_config.draft_vocab_size,
-                "run_vocab_not_used": {"path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256}}
+                "run_vocab_not_used": None if inputs.vocab_path is None else {"path": str(inputs.vocab_path),
+                                                                              "sha256": inputs.vocab_sha256}}
     return {"origin": "run", "path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256,
             "draft_vocab_size": draft_config.draft_vocab_size}
