@@ -143,3 +143,17 @@ def test_cli_rejects_a_directory_without_a_draft(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["inspect", str(tmp_path / "empty")]) == 2
     assert "no weights found" in capsys.readouterr().err
+
+
+def test_inspect_does_not_contradict_itself_on_nested_aux_ids(head, vocab_a, tmp_path):
+    """A SpecForge/SGLang draft keeps its ids only in eagle_config (output of layer i): the note says vLLM reads them
+    unshifted, and the engine verdict agrees (vLLM not as trained, SGLang as trained)."""
+    from draft_layouts import write_specforge
+
+    plain = reference_draft(head[0], vocab_a)  # no Eagle 3.1 options: SGLang serves it
+    info = inspect_checkpoint(write_specforge(plain, tmp_path / "sf", head[0]))
+    assert any("vLLM itself would read them unshifted" in n for n in info["notes"])
+    vllm, sglang = info["engines"]["vllm"], info["engines"]["sglang"]
+    assert not vllm["serves_as_trained"] and "one layer too early" in vllm["reasons"][0]
+    assert sglang["serves_as_trained"]
+    assert "vllm: NOT as trained" in format_report(info)

@@ -29,8 +29,15 @@ _VLLM_MODEL_CODE_NEEDS = {"fc_norm": "vLLM PR #42764", "norm_output": "vLLM PR #
 _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
 
 
-def engine_support(cfg: DraftConfig, fmt: str) -> dict[str, dict[str, Any]]:
-    """Per engine: `serves_as_trained`, `reasons` (why not) and, for vLLM, what a release needs to serve it."""
+def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per engine: `serves_as_trained`, `reasons` (why not) and, for vLLM, what a release needs to serve it.
+    `aux_ids_origin`: where a published draft's config keeps its aux layer ids (our exports write vLLM's key)."""
+    vllm: list[str] = []
+    if aux_ids_origin == "nested":  # SGLang's output-of-layer ids, which vLLM (0.32 read) takes as input-of-layer
+        vllm.append(f"its aux layer ids are only in eagle_config ({[i - 1 for i in cfg.aux_layer_ids]}, SGLang's "
+                    f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "
+                    f"as inputs of layers {[i - 1 for i in cfg.aux_layer_ids]}: one layer too early (finetune and "
+                    f"export it, which writes vLLM's top-level key)")
     sglang: list[str] = []
     if fmt == "speculators":
         sglang.append("SGLang does not read the speculators format (export --format eagle)")
@@ -44,7 +51,7 @@ def engine_support(cfg: DraftConfig, fmt: str) -> dict[str, dict[str, Any]]:
     else:  # the EAGLE format: the model code reads the config, but read these two only from #42764 on
         needs = [f"{o}: {_VLLM_MODEL_CODE_NEEDS[o]}" for o in _VLLM_MODEL_CODE_NEEDS if getattr(cfg, o)]
     return {
-        "vllm": {"serves_as_trained": True, "reasons": [], "verified_with": VLLM_VERIFIED,
+        "vllm": {"serves_as_trained": not vllm, "reasons": vllm, "verified_with": VLLM_VERIFIED,
                  "older_releases_need": needs},
         "sglang": {"serves_as_trained": not sglang, "reasons": sglang},
     }

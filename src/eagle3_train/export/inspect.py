@@ -83,7 +83,8 @@ def inspect_checkpoint(path: str | Path, hash_files: bool = False) -> dict[str, 
         "summary": source_summary(loaded), "vocab": vocab, "tensors": tensors,
         "renamed": loaded.renamed, "unknown": loaded.unknown, "notes": loaded.notes,
         "weight_files": files, "export": meta.get("export"), "lineage": lineage(loaded.metadata),
-        "engines": engine_support(loaded.config, "speculators" if loaded.format == "speculators" else "eagle"),
+        "engines": engine_support(loaded.config, "speculators" if loaded.format == "speculators" else "eagle",
+                                  loaded.aux_ids_origin),
     }
 
 
