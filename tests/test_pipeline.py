@@ -168,3 +168,18 @@ def test_a_verifier_too_shallow_for_three_taps_is_named(tmp_path, tiny_llama_dir
     config["prepare"]["limit"] = 4
     with pytest.raises(Eagle3InputError, match=named):  # the run stops at extract, before train
         Pipeline(config).run()
+
+
+@pytest.mark.slow
+def test_the_train_stage_runs_data_parallel_under_torchrun(tiny_stages, tmp_path):
+    """`train_processes: N` launches the pipeline's train stage as `torchrun --standalone --nproc-per-node N` (here two
+    CPU processes, gloo): the run trains with world size N, and the stage reads its result back."""
+    from stage_helpers import train_config
+
+    from eagle3_train.pipeline import train_processes, train_under_torchrun
+
+    root, _ = tiny_stages
+    assert train_processes("auto") == 1 and train_processes(2) == 2  # no CUDA here
+    cfg = train_config(root, tmp_path / "train", max_steps=2, tensorboard=False)
+    r = train_under_torchrun(cfg, 2, tmp_path / "train-launch.yaml")
+    assert r["step"] == 2 and r["world_size"] == 2 and r["validation"] and (tmp_path / "train" / "final").is_dir()

@@ -331,3 +331,34 @@ def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
     other = tiny_llama_dir(initializer_range=0.5, num_hidden_layers=6)
     with pytest.raises(Eagle3InputError, match="not the one the hidden states"):
         train(config(root, tmp_path / "run", verifier=str(other), max_steps=1))
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_data_parallel_run(stages, tmp_path):
+    """The multi-node launch of docs/GUIDE.md, with two CPU processes standing in for two machines: one torchrun per
+    node (--nnodes 2, --node-rank 0/1, rank 0's address); the same weights as one process with grad_accum 2."""
+    import socket
+
+    root, _ = stages
+    single = tmp_path / "single"
+    train(config(root, single, max_steps=3, grad_accum=2))
+    out = tmp_path / "nodes"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
+            str(root / "vocab"), "--out", str(out), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
+            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+                               "1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
+                               str(port), "-m", "eagle3_train.cli", "train", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for rank in (0, 1)]
+    for p in nodes:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    assert json.loads((out / "training_metadata.json").read_text())["run"]["world_size"] == 2
+    a, b = weights(single), weights(out)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

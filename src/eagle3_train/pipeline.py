@@ -354,7 +354,42 @@ def _train_values(ctx: RunContext) -> dict[str, Any]:
 
 
 def _train_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
-    return {**_train_values(ctx), "inputs": [ctx.keys["prepare"], ctx.keys["extract"], ctx.keys["vocab"]]}
+    # the number of processes is in the key: it sets the optimizer step's batch (grad_accum x world size)
+    n = train_processes(ctx.cfg.get("train_processes", "auto"))
+    return {**_train_values(ctx), "inputs": [ctx.keys["prepare"], ctx.keys["extract"], ctx.keys["vocab"]],
+            **({"processes": n} if n > 1 else {})}
+
+
+def train_processes(setting: int | str) -> int:
+    """`train_processes` as a number: auto = the visible CUDA GPUs (1 on a machine without)."""
+    if setting == "auto":
+        import torch
+
+        return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+    return int(setting)
+
+
+def train_under_torchrun(cfg, processes: int, launch_file: Path) -> dict[str, Any]:
+    """The train stage as `torchrun --standalone --nproc-per-node N -m eagle3_train.cli train --config FILE` (data
+    parallel on this machine: NCCL on GPUs, gloo on CPU); its result read back from the run's training metadata."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    launch_file.write_text(yaml.safe_dump({"train": cfg.to_dict()}, sort_keys=False))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+           "-m", "eagle3_train.cli", "train", "--config", str(launch_file)]
+    log.info("[train] %d processes: %s", processes, " ".join(cmd))
+    rc = subprocess.run(cmd).returncode
+    if rc != 0:
+        raise Eagle3InputError(f"the train stage under torchrun ended with exit code {rc} (its output is above); "
+                               f"rerun the same command to resume it")
+    meta = read_json(Path(cfg.out) / "training_metadata.json", "training metadata")
+    metrics = meta.get("metrics") or {}
+    return {"tokens_per_s": (meta.get("run") or {}).get("tokens_per_s"), "step": meta["progress"]["step"],
+            "validation": metrics.get("validation"), "best": metrics.get("best"), "final": str(Path(cfg.out) / "final"),
+            "world_size": (meta.get("run") or {}).get("world_size")}
 
 
 def _train_run(ctx: RunContext, _v: str | None) -> Any:
@@ -370,7 +405,8 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
         log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start", out, aside)
     cfg.resume = (out / "checkpoints" / "latest.json").is_file()
     cfg.trust_remote_code = ctx.trust_remote_code  # recorded in the training metadata
-    r = train(cfg)
+    processes = train_processes(ctx.cfg.get("train_processes", "auto"))
+    r = train(cfg) if processes == 1 else train_under_torchrun(cfg, processes, ctx.run_dir / "train-launch.yaml")
     return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
             "best": r["best"], "final": r.get("final")}
 

@@ -51,6 +51,10 @@ class RunSettings:
     run_dir: str = setting("runs/default", "directory of the whole run (every stage's output, summary.json)")
     verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
     trust_remote_code: bool = setting(False, TRUST_HELP + " (prepare, extract, the vLLM servers)")
+    train_processes: int | Literal["auto"] = setting(
+        "auto", "data-parallel processes of the train stage: auto = one per visible CUDA GPU (1 without); N > 1 runs "
+                "it as `torchrun --standalone --nproc-per-node N` (multi-node: run `torchrun ... eagle3-train train` "
+                "yourself, docs/GUIDE.md)")
     dry_run: bool = setting(False, "validate the config; with prepare/vocab/extract done, run `train --dry-run` on "
                                    "their outputs", yaml=False)
 
