@@ -45,9 +45,7 @@ def phases(trainer: Trainer, micro: list[list[int]]) -> dict[str, float]:
         t["targets"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         with record_function("ttt_forward"):
-            loss, _ = ttt_forward(trainer.model, b, targets, cfg.ttt_steps, cfg.step_weights(), denom,
-                                  checkpoint_loss=cfg.checkpoint_loss, checkpoint_mlp=cfg.checkpoint_mlp,
-                                  loss_name=cfg.loss, loss_mix=cfg.loss_mix)
+            loss, _ = ttt_forward(trainer.model, b, targets, trainer.objective, denom)
         t["forward"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         with record_function("backward"):

@@ -143,6 +143,7 @@ def test_fits_and_recommendation(tmp_path):
 def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss):
     """The planner's per-term activation bytes vs what autograd keeps for one fp32 micro-batch of `ttt_forward`."""
     from eagle3_train.train.data import Batch
+    from eagle3_train.train.objective import Objective
     from eagle3_train.train.targets import verifier_targets
     from eagle3_train.train.ttt import supervised_counts, ttt_forward
 
@@ -162,8 +163,8 @@ def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoin
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        ttt_forward(model, batch, targets, steps, [1.0] * steps, supervised_counts(mask, steps),
-                    checkpoint_loss=checkpoint_loss, checkpoint_mlp=checkpoint_mlp)
+        ttt_forward(model, batch, targets, Objective(steps, (1.0,) * steps, checkpoint_loss=checkpoint_loss,
+                                                     checkpoint_mlp=checkpoint_mlp), supervised_counts(mask, steps))
     inputs = {batch.aux.untyped_storage().data_ptr(), targets.probs.untyped_storage().data_ptr()}
     measured = sum(n for ptr, n in storages.items() if ptr not in inputs and n > 4096)  # activations, not indices
     modelled = ttt_saved_bytes(cfg, B * L, L, B * (L - 2), steps, False, checkpoint_mlp, checkpoint_loss, Vd)

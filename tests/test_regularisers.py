@@ -14,11 +14,12 @@ from stage_helpers import train_config
 from eagle3_train.model.verifier_head import load_final_norm
 from eagle3_train.train.build import build_model
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.data import TrainingSamples
+from eagle3_train.train.data import TrainingSamples, feature_std
 from eagle3_train.train.inputs import resolve_inputs
+from eagle3_train.train.objective import FeatureNoise, Objective, add_feature_noise
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.trainer import train
-from eagle3_train.train.ttt import add_feature_noise, feature_std, supervised_counts, ttt_forward
+from eagle3_train.train.ttt import supervised_counts, ttt_forward
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -45,8 +46,10 @@ def test_feature_noise_follows_each_features_scale():
 
 def _forward(model, inputs, batch, feature_noise):
     targets = verifier_targets(batch.final, batch.loss_mask, inputs.lm_head, model.draft_token_ids(), model.t2d)
-    return ttt_forward(model, batch, targets, 3, [1.0, 0.8, 0.64], supervised_counts(batch.loss_mask, 3),
-                       feature_noise=feature_noise, checkpoint_loss=False, checkpoint_mlp=False)[0]
+    if model.training:  # the trainer perturbs training batches only
+        batch = FeatureNoise(relative=feature_noise)(batch)
+    return ttt_forward(model, batch, targets, Objective(3, (1.0, 0.8, 0.64), checkpoint_loss=False,
+                                                        checkpoint_mlp=False), supervised_counts(batch.loss_mask, 3))[0]
 
 
 def test_feature_noise_only_in_training(tiny_stages):

@@ -12,6 +12,7 @@ from eagle3_train.train.build import build_model
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
+from eagle3_train.train.objective import Objective
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.trainer import train
 from eagle3_train.train.ttt import supervised_counts, ttt_forward
@@ -46,8 +47,8 @@ def test_metrics_still_count_the_assistant_tokens(tiny_stages):
         targets = verifier_targets(batch.final, batch.loss_mask, inputs.lm_head, model.draft_token_ids(), model.t2d)
         denominators = supervised_counts(batch.loss_mask, 3)
         with torch.no_grad():
-            out[name] = ttt_forward(model, batch, targets, 3, [1.0, 0.8, 0.64], denominators,
-                                    checkpoint_loss=False, checkpoint_mlp=False)
+            out[name] = ttt_forward(model, batch, targets, Objective(3, (1.0, 0.8, 0.64), checkpoint_loss=False,
+                                                                     checkpoint_mlp=False), denominators)
     assert not torch.allclose(out["all"][0], out["assistant"][0])
     torch.testing.assert_close(out["all"][1], out["assistant"][1])
     data.close()

@@ -14,6 +14,7 @@ import torch
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
+from eagle3_train.train.objective import Objective
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import NUM_SUMS, StepSums, supervised_counts, ttt_forward
 
@@ -138,8 +139,9 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
     denominators = supervised_counts(batch.loss_mask, STEPS)
     with torch.no_grad():
         expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        loss, sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators)
-        masked, masked_sums = ttt_forward(model, batch, targets, STEPS, [1.0] * STEPS, denominators, chain_mask=True)
+        loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
+        masked, masked_sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS, chain_mask=True),
+                                          denominators)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
     assert (expected[6] > expected[4]).any()  # and chains that only the data, not the verifier, would continue
     assert torch.equal(denominators, expected[1])
@@ -163,8 +165,9 @@ def test_feature_loss_regresses_the_lm_head_input_on_the_verifier_state_it_stand
     expected = torch.zeros(STEPS, dtype=torch.float64)
     B, L = batch.input_ids.shape
     with torch.no_grad():
-        base, sums = ttt_forward(model, batch, targets, STEPS, weights, denominators)
-        with_features, sums_f = ttt_forward(model, batch, targets, STEPS, weights, denominators, feature_loss=0.5)
+        base, sums = ttt_forward(model, batch, targets, Objective(STEPS, tuple(weights)), denominators)
+        with_features, sums_f = ttt_forward(model, batch, targets, Objective(STEPS, tuple(weights), feature_loss=0.5),
+                                            denominators)
         for b in range(B):
             for t in range(L - 2):
                 for j, (_, h) in enumerate(chain_steps(model, batch.aux[b], batch.input_ids[b], t,
@@ -186,8 +189,8 @@ def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():
     grads = []
     for ckpt in (True, False):
         model.zero_grad()
-        loss, sums = ttt_forward(model, batch, targets, STEPS, weights, denominators, checkpoint_loss=ckpt,
-                                 checkpoint_mlp=ckpt)
+        loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, tuple(weights), checkpoint_loss=ckpt,
+                                                                  checkpoint_mlp=ckpt), denominators)
         assert loss.item() == pytest.approx(float(sum(w * s / d for w, s, d in zip(weights, sums[0], denominators))),
                                             rel=1e-5)
         loss.backward()
@@ -203,7 +206,8 @@ def test_a_batch_shorter_than_the_steps_stops_early():
                   torch.tensor([3, 3, 3]))
     targets = verifier_targets(short.final, short.loss_mask, lm_head, draft_ids, t2d)
     with torch.no_grad():
-        _, sums = ttt_forward(model, short, targets, STEPS, [1.0] * STEPS, supervised_counts(short.loss_mask, STEPS))
+        _, sums = ttt_forward(model, short, targets, Objective(STEPS, (1.0,) * STEPS),
+                              supervised_counts(short.loss_mask, STEPS))
     assert sums[1].tolist() == [3.0, 0.0, 0.0]  # L=3: only step 0 (t=0 -> target token 2) has a target
 
 

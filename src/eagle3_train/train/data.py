@@ -149,3 +149,8 @@ def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) ->
                 "bytes_per_token": 4 * hidden * torch.empty((), dtype=dtype).element_size()}
     source = HybridSource(split, inputs.hidden_dir, manifest, len(ds[split]), **online)
     return TrainingSamples(cfg.prepared, source, split)
+
+
+def feature_std(aux: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[3H] std of each aux feature [B, L, 3H] over the batch's real (non-padding) tokens."""
+    return aux[real_tokens(lengths.to(aux.device), aux.shape[1])].float().std(dim=0, correction=0).to(aux.dtype)

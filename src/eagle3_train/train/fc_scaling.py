@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from eagle3_train.train.data import feature_std
 from eagle3_train.train.distributed import broadcast_
-from eagle3_train.train.ttt import feature_std
 
 SAMPLE_ROWS = 32  # training rows whose aux features set s (the first ones: every rank and a resume get the same s)
 MIN_SCALE = 1e-2  # a (nearly) constant feature must not get a huge step

@@ -35,6 +35,7 @@ from eagle3_train.train.fc_scaling import EqualisedFC, shared_feature_scale
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
+from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
@@ -117,6 +118,8 @@ class Trainer:
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
         self.optimizer = DraftOptimizer(self.model, cfg,
                                         lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
+        self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
+        self.noise = FeatureNoise(cfg.noise, cfg.feature_noise)
         self.fc_scaling: EqualisedFC | None = None
         if cfg.equalise_features:
             self.fc_scaling = EqualisedFC(self.model.fc.weight, shared_feature_scale(
@@ -258,16 +261,11 @@ class Trainer:
 
     # --- compute ------------------------------------------------------------------------------------------------
     def _forward(self, batch, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
         with autocast(self.device, self.precision):
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
                                        self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform,
                                        full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
-            return ttt_forward(self.model, batch, targets, cfg.ttt_steps, cfg.step_weights(), denominators,
-                               noise=cfg.noise, feature_noise=cfg.feature_noise,
-                               feature_loss=cfg.feature_loss, checkpoint_loss=cfg.checkpoint_loss,
-                               checkpoint_mlp=cfg.checkpoint_mlp, loss_name=cfg.loss, loss_mix=cfg.loss_mix,
-                               target_temperature=cfg.target_temperature, chain_mask=cfg.chain_mask)
+            return ttt_forward(self.model, batch, targets, self.objective, denominators)
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
@@ -299,7 +297,7 @@ class Trainer:
         sums = StepSums(cfg.ttt_steps)
         tokens = 0
         for b in batches:
-            b = b.to(self.device, torch.float32)
+            b = self.noise(b.to(self.device, torch.float32))  # training batches only
             loss, s = self._forward(b, denom.to(self.device))
             loss.backward()
             sums.add(s)

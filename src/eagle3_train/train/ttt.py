@@ -19,25 +19,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.data import Batch, real_tokens
+from eagle3_train.train.data import Batch
 from eagle3_train.train.losses import acceptance, row_loss, sharpen, soft_cross_entropy
+from eagle3_train.train.objective import Objective
 from eagle3_train.train.targets import Targets
 
 
 def supervised_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     """Positions supervised at each TTT step (depends on the loss mask only): the loss denominators."""
     return torch.stack([loss_mask[:, 2 + j:].sum() for j in range(steps)]).double()
-
-
-def feature_std(aux: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """[3H] std of each aux feature [B, L, 3H] over the batch's real (non-padding) tokens."""
-    return aux[real_tokens(lengths.to(aux.device), aux.shape[1])].float().std(dim=0, correction=0).to(aux.dtype)
-
-
-def add_feature_noise(aux: torch.Tensor, lengths: torch.Tensor, scale: float) -> torch.Tensor:
-    """aux + Gaussian noise of std `scale` x each feature's std (`train.feature_noise`): the same relative
-    perturbation for a layer of std 3 as for one of std 80, which an absolute noise cannot give."""
-    return aux + torch.randn_like(aux) * (scale * feature_std(aux, lengths))
 
 
 def feature_regression(model: Eagle3Draft, out: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
@@ -133,26 +123,23 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     return loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum
 
 
-def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, step_weights: list[float],
-                denominators: torch.Tensor, noise: float = 0.0, feature_noise: float = 0.0,
-                feature_loss: float = 0.0, checkpoint_loss: bool = True,
-                checkpoint_mlp: bool = True, loss_name: str = "ce", loss_mix: float = 0.5,
-                target_temperature: float = 1.0, chain_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: Objective,
+                denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
 
     loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
-    the same gradient as one big batch (loss_j: `loss_name`, see train/losses.py). The metrics count the positions of
-    `batch.scored_mask` when the batch has one (training on every token still reports the assistant tokens), else
-    those of the loss mask. `chain_mask`: step j > 0 trains only the positions whose draft argmax was right at steps
-    0..j-1, the ones a greedy chain reaches when served (the denominators stay those of the loss mask).
+    the same gradient as one big batch (loss_j: `objective.loss`, see train/losses.py). The metrics count the
+    positions of `batch.scored_mask` when the batch has one (training on every token still reports the assistant
+    tokens), else those of the loss mask. `objective.chain_mask`: step j > 0 trains only the positions whose draft
+    argmax was right at steps 0..j-1, the ones a greedy chain reaches when served (the denominators stay those of the
+    loss mask).
     """
     B, L = batch.input_ids.shape
-    aux = batch.aux
-    if noise > 0 and model.training:
-        aux = aux + (torch.rand_like(aux) * 2 - 1) * noise
-    if feature_noise > 0 and model.training:
-        aux = add_feature_noise(aux, batch.lengths, feature_noise)
-    h = model.fuse(aux)
+    steps, step_weights, chain_mask = objective.steps, objective.step_weights, objective.chain_mask
+    checkpoint_loss, checkpoint_mlp, feature_loss = (objective.checkpoint_loss, objective.checkpoint_mlp,
+                                                     objective.feature_loss)
+    head_options = (objective.loss, objective.loss_mix, objective.target_temperature)
+    h = model.fuse(batch.aux)
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
     chain_ok = torch.ones(B, L, dtype=torch.bool, device=h.device)
@@ -176,12 +163,12 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, steps: int, 
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
-                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name,
-                loss_mix, target_temperature, scored, reached, use_reentrant=False)
+                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options,
+                scored, reached, use_reentrant=False)
         else:
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
-                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, loss_name, loss_mix,
-                target_temperature, scored, reached)
+                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options, scored,
+                reached)
         if feature_loss > 0:
             loss_sum = loss_sum + feature_loss * feature_regression(model, out[b_idx, t_idx],
                                                                     batch.final[b_idx, t_idx + 1 + j])
