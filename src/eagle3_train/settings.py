@@ -54,7 +54,7 @@ class RunSettings:
     train_processes: int | Literal["auto"] = setting(
         "auto", "data-parallel processes of the train stage: auto = one per visible CUDA GPU (1 without); N > 1 runs "
                 "it as `torchrun --standalone --nproc-per-node N` (multi-node: run `torchrun ... eagle3-train train` "
-                "yourself, docs/GUIDE.md)")
+                "yourself, docs/GUIDE.md)", cli=False, valid=">= 1")
     dry_run: bool = setting(False, "validate the config; with prepare/vocab/extract done, run `train --dry-run` on "
                                    "their outputs", yaml=False)
 

@@ -8,6 +8,7 @@ Each optimizer has its own schedule of the same shape, and both states go into t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -75,3 +76,15 @@ class DraftOptimizer:
                                        f"(it was trained with another train.optimizer)")
             o.load_state_dict(state[f"{prefix}optimizer"])
             s.load_state_dict(state[f"{prefix}scheduler"])
+
+
+def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
+    """The schedule both optimizers follow: linear warm-up, then cosine decay to min_ratio x the peak."""
+    warmup = max(1, round(total_steps * warmup_ratio))
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress_ = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress_))
+    return f

@@ -36,7 +36,7 @@ from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
 from eagle3_train.train.objective import FeatureNoise, Objective
-from eagle3_train.train.optimizer import DraftOptimizer
+from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.targets import verifier_targets
@@ -59,20 +59,21 @@ def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
     return dev
 
 
-def lr_lambda(total_steps: int, warmup_ratio: float, min_ratio: float):
-    warmup = max(1, round(total_steps * warmup_ratio))
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress_ = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress_))
-    return f
-
-
 class Trainer:
+    """One run: set up in named steps (device, model, data, optimizer), then `run()` the loop."""
+
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        self.out = Path(cfg.out)
+        check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
+        self._setup_device()
+        self._setup_model()
+        self._setup_data()
+        self._setup_optimizer()
+        self._setup_state()
+
+    def _setup_device(self) -> None:
+        cfg = self.cfg
         dev_type = "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") \
             else "cpu"
         self.info = init_distributed(dev_type)
@@ -80,8 +81,11 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
-        check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
-        self.out = Path(cfg.out)
+
+    def _setup_model(self) -> None:
+        """The run's inputs, the draft (built, or a finetune source loaded into its own architecture), the frozen
+        tensors in their dtype, everything on the device and the same on every rank."""
+        cfg = self.cfg
         self.inputs = resolve_inputs(cfg)
         self.init_record: dict[str, Any] = init_record(cfg, self.inputs)
         if cfg.finetune_from:
@@ -99,8 +103,9 @@ class Trainer:
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.prefetch < 0:
-            raise Eagle3InputError(f"train.prefetch must be >= 0, got {cfg.prefetch}")
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
         ranks = dict(rank=self.info.rank, world_size=self.info.world_size)
         self.train_data = open_samples(cfg, self.inputs, "train", **ranks)
         if len(self.train_data) == 0:
@@ -116,6 +121,10 @@ class Trainer:
         n_batches = len(plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, 0))
         self.steps_per_epoch = max(1, n_batches // self.micro_per_step)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+
+    def _setup_optimizer(self) -> None:
+        """The optimizer and its schedule, the objective a batch is trained on, and the fc reparameterisation."""
+        cfg = self.cfg
         self.optimizer = DraftOptimizer(self.model, cfg,
                                         lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
@@ -126,6 +135,10 @@ class Trainer:
                 self.train_data, self.model.fc.weight.shape[1], self.info))
             if not cfg.finetune_from:  # a random fc starts as V ~ N(0, std), W = V / s
                 self.fc_scaling.init()
+
+    def _setup_state(self) -> None:
+        """Progress and bookkeeping of a run that has not trained yet (a resume overwrites them)."""
+        cfg = self.cfg
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # next micro-batch index in this epoch's plan
