@@ -653,7 +653,7 @@ def load_test(c: Campaign) -> None:
 @contextlib.contextmanager
 def chat_server(c: Campaign) -> Iterator[tuple[str, str, str]]:
     """(base_url, model, kind): a real vLLM CPU server for SmolLM2 when available, else the local fake server."""
-    from eagle3_train.evaluate.vllm_server import VLLMServer, vllm_available
+    from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, msg = vllm_available()
     if ok and not os.environ.get("EAGLE3_CAMPAIGN_NO_VLLM"):
