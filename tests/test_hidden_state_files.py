@@ -104,3 +104,43 @@ def test_float16_states_of_a_deepseek_verifier_are_refused(tmp_path):
     aux, final = client._split({"hidden_states": states.bfloat16(), "token_ids": torch.tensor(ids), "metadata": {}},
                                ids, "url")
     assert aux.shape == (3, 12) and final.shape == (3, 4)
+
+
+def test_a_verifier_whose_shards_are_not_here_fetches_only_what_is_read(tmp_path, monkeypatch):
+    """After `extract --backend vllm` from a hub id only the config, index and final-norm shard are local: training
+    reads the embedding and lm_head and must fetch just their shard (the hub's download is stubbed: no network
+    here); a local directory that lacks a shard names it; a dry run reads shapes from the config, downloading
+    nothing."""
+    import huggingface_hub
+    import torch
+    from safetensors.torch import save_file
+
+    from eagle3_train.model.verifier_head import load_verifier_head, verifier_head_shapes
+    from eagle3_train.utils.io import Eagle3InputError
+
+    def make(d):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"vocab_size": 6, "hidden_size": 4, "tie_word_embeddings": False}))
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "lm_head.weight": "model-00001-of-00002.safetensors",
+            "model.norm.weight": "model-00002-of-00002.safetensors"}}))
+        return d
+
+    local = make(tmp_path / "local")
+    with pytest.raises(Eagle3InputError, match=r"lacks model-00001-of-00002.safetensors.*embed_tokens"):
+        load_verifier_head(local)
+    snapshot = make(tmp_path / "hub" / "models--org--big" / "snapshots" / "abc123")
+    assert verifier_head_shapes(snapshot)[0].shape == (6, 4)  # the dry run: nothing fetched
+    fetched = []
+
+    def download(repo, name, revision=None):
+        fetched.append((repo, name, revision))
+        save_file({"model.embed_tokens.weight": torch.ones(6, 4), "lm_head.weight": torch.zeros(6, 4)},
+                  str(snapshot / name))
+        return str(snapshot / name)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    embed, head, _ = load_verifier_head(snapshot)
+    assert fetched == [("org/big", "model-00001-of-00002.safetensors", "abc123")]
+    assert torch.equal(embed, torch.ones(6, 4)) and torch.equal(head, torch.zeros(6, 4))

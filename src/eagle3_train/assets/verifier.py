@@ -149,6 +149,33 @@ def from_pretrained(loader, path: str | Path, trust_remote_code: bool, **kw):
         raise
 
 
+def hub_snapshot(path: Path) -> tuple[str, str] | None:
+    """(repo id, revision) when `path` is a snapshot in the Hugging Face cache (`models--ORG--NAME/snapshots/REV`)."""
+    parts = path.resolve().parts if path.exists() else path.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/"), parts[-1]
+    return None
+
+
+def fetch_file(verifier_dir: Path, name: str, what: str) -> Path:
+    """`verifier_dir/name`, downloaded alone from the hub when the directory is a hub snapshot that lacks it (a stage
+    that needs only the embedding, the lm_head or the final norm of a 1T-parameter verifier fetches that shard, never
+    the rest); a local directory that lacks it is a clear error naming the file and `what` it holds."""
+    path = verifier_dir / name
+    if path.is_file():
+        return path
+    snapshot = hub_snapshot(verifier_dir)
+    if snapshot is None:
+        raise Eagle3InputError(f"verifier {verifier_dir} lacks {name}, the weight file that holds {what}")
+    from huggingface_hub import hf_hub_download
+
+    repo, revision = snapshot
+    try:
+        return Path(hf_hub_download(repo, name, revision=revision))
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise Eagle3InputError(f"could not download {name} ({what}) of verifier '{repo}' from the hub: {e}") from None
+
+
 def weight_files(path: Path) -> list[Path]:
     return sorted(f for f in path.iterdir() if f.suffix in _WEIGHT_SUFFIXES and f.is_file())
 

@@ -73,10 +73,14 @@ def tensor_locations(verifier_dir: Path) -> dict[str, Path]:
 
 
 def load_tensor(locations: dict[str, Path], keys: tuple[str, ...]) -> torch.Tensor | None:
-    """The first of `keys` found in the checkpoint (`tensor_locations`), read alone; None if none is there."""
+    """The first of `keys` found in the checkpoint (`tensor_locations`), read alone (its shard fetched from the hub
+    when only the index is here); None if none is there."""
+    from eagle3_train.assets.verifier import fetch_file
+
     for k in keys:
         if k in locations:
-            with safe_open(str(locations[k]), "pt") as f:
+            path = fetch_file(locations[k].parent, locations[k].name, f"'{k}'")
+            with safe_open(str(path), "pt") as f:
                 return f.get_tensor(k)
     return None
 
@@ -133,6 +137,10 @@ def verifier_head_shapes(verifier_dir: str | Path, dtype: torch.dtype = torch.bf
                 with safe_open(str(loc[k]), "pt") as f:
                     return tuple(f.get_slice(k).get_shape())
         return None
+    if any(k in loc and not loc[k].is_file() for k in (*_EMBED_KEYS, *_HEAD_KEYS)):
+        # the index is here, the shards are not (a served verifier's hub snapshot): a dry run downloads nothing
+        meta = torch.empty(V, H, dtype=dtype, device="meta")
+        return meta, meta, config, "config.json (the weight index names shards that are not here)"
     embed = shape_of(_EMBED_KEYS)
     if embed is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
