@@ -1051,7 +1051,7 @@ def _foreign(d: Path, *names: str) -> Path:
     return d
 
 
-class _HostileEndpoint:
+class HostileEndpoint:
     """An OpenAI-compatible stub that names `victim` as its hidden-state file (stdlib HTTP server, own thread)."""
 
     def __init__(self, victim: str) -> None:
@@ -1161,7 +1161,7 @@ def ownership(c: Campaign, a: Assets) -> None:
     hs_dir.mkdir()
     for case, named in (("outside the directory", victim_dir / "precious.safetensors"),
                         ("through ..", hs_dir / ".." / "victim" / "precious.safetensors")):
-        endpoint = _HostileEndpoint(str(named))
+        endpoint = HostileEndpoint(str(named))
         try:
             row(f"extract --backend vllm: the endpoint names a file {case}",
                 c.cli("extract", "--backend", "vllm", "--endpoint", endpoint.url, "--prepared", a.prepared,

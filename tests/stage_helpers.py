@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -60,3 +63,18 @@ def assert_same_hidden_states(expected: Path, actual: Path, splits) -> None:
         for i in want.sample_indices:
             a, b = want.load(i), got.load(i)
             assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"]), (split, i)
+
+
+@contextmanager
+def another_writer(holding: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A live process inside `with HOLDING as x:` (an expression of eagle3_train.utils.outputs, e.g.
+    "output_lock('/out', 'x')"), as a second writer meets it: yields (the process, what it printed of x)."""
+    code = (f"import time\nfrom eagle3_train.utils.outputs import *  # noqa\nwith {holding} as x:\n"
+            f"    print(x, flush=True)\n    time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc, proc.stdout.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

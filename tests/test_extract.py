@@ -12,7 +12,7 @@ import pytest
 import torch
 from numerics import fp32_atol
 from safetensors import safe_open
-from stage_helpers import assert_same_hidden_states, kill_after_first_shard
+from stage_helpers import another_writer, assert_same_hidden_states, kill_after_first_shard
 
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
@@ -362,22 +362,13 @@ def test_a_second_extract_into_the_same_dir_stops_and_deletes_nothing(tmp_path, 
     out = tmp_path / "hs"
     kw = dict(dtype="float32", device="cpu", token_budget=64, shard_tokens=60)
     extract(mixed_prepared, tiny_llama, out, **kw)  # the directory as a writer leaves it between two shards
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from eagle3_train.utils.outputs import output_lock\n"
-                               f"with output_lock({str(out)!r}, 'x'):\n"
-                               "    print('locked', flush=True)\n    time.sleep(120)\n"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with another_writer(f"output_lock({str(out)!r}, 'x')") as (holder, _):
         in_flight = out / "train" / ".shard-00000.safetensors.abc.tmp"
         in_flight.write_bytes(b"half a shard")
         busy = rf"{out} is being written by another process \(pid {holder.pid}\)"
         with pytest.raises(Eagle3InputError, match=busy):
             extract(mixed_prepared, tiny_llama, out, **kw)
         assert in_flight.read_bytes() == b"half a shard"
-    finally:
-        holder.kill()
-        holder.wait()
     extract(mixed_prepared, tiny_llama, out, **kw)
     assert not in_flight.exists()  # the dead writer's temporary file is cleared as before
     check_hidden_states(out, mixed_prepared, tiny_llama)

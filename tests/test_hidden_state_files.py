@@ -5,53 +5,28 @@ sends such paths; the point is what a wrong or hostile endpoint can make the cli
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sys
+from pathlib import Path
 
 import pytest
 
 from eagle3_train import cli
 
-
-class _Stub(BaseHTTPRequestHandler):
-    path_to_name = ""
-
-    def _send(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):  # noqa: N802 - http.server's name
-        if self.path.endswith("/models"):
-            self._send({"object": "list", "data": [{"id": "stub", "object": "model", "created": 0, "owned_by": "t"}]})
-        else:
-            self._send({"version": "stub"})
-
-    def do_POST(self):  # noqa: N802
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self._send({"id": "c", "object": "text_completion", "created": 0, "model": "stub",
-                    "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
-                                 "prompt_token_ids": request["prompt"]}],
-                    "kv_transfer_params": {"hidden_states_path": type(self).path_to_name}})
-
-    def log_message(self, *args):
-        pass
+REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def stub():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    server.handle_error = lambda *args: None  # the client hangs up once it refuses the answer
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+def _campaign():
+    """scripts/reliability_campaign.py as a module: its hostile endpoint is the one the campaign's rows use."""
+    spec = importlib.util.spec_from_file_location("reliability_campaign", REPO / "scripts" / "reliability_campaign.py")
+    module = sys.modules.setdefault("reliability_campaign", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "HostileEndpoint"):
+        spec.loader.exec_module(module)  # registered first: its dataclasses look themselves up there
+    return module
 
 
-def test_the_client_touches_only_files_in_the_hidden_states_dir(stub, tiny_stages, tmp_path, capsys):
+def test_the_client_touches_only_files_in_the_hidden_states_dir(tiny_stages, tmp_path, capsys):
     root, verifier = tiny_stages
     hs_dir = tmp_path / "hs-tmp"
     hs_dir.mkdir()
@@ -60,22 +35,29 @@ def test_the_client_touches_only_files_in_the_hidden_states_dir(stub, tiny_stage
     (hs_dir / "link.safetensors").symlink_to(victim)
     garbage = hs_dir / "req-1.safetensors"
     garbage.write_bytes(b"not safetensors")
-    argv = ["extract", "--backend", "vllm", "--endpoint", f"http://127.0.0.1:{stub.server_port}/v1",
-            "--prepared", str(root / "prepared"), "--verifier", str(verifier), "--max-samples", "1",
-            "--hidden-states-dir", str(hs_dir)]
+    hostile = _campaign().HostileEndpoint
+
+    def extract(case: str, named: str, with_dir: bool = True) -> int:
+        endpoint = hostile(named)
+        try:
+            return cli.main(["extract", "--backend", "vllm", "--endpoint", endpoint.url, "--prepared",
+                             str(root / "prepared"), "--verifier", str(verifier), "--max-samples", "1",
+                             "--out", str(tmp_path / f"out-{case}"),
+                             *(["--hidden-states-dir", str(hs_dir)] if with_dir else [])])
+        finally:
+            endpoint.close()
+
     named = {"outside": str(victim), "dotdot": str(hs_dir / ".." / victim.name),
              "symlink": str(hs_dir / "link.safetensors"), "relative": victim.name}
     for case, path in named.items():
-        _Stub.path_to_name = path
-        assert cli.main([*argv, "--out", str(tmp_path / f"out-{case}")]) == 2, case
+        assert extract(case, path) == 2, case
         assert "refusing to read or delete it" in capsys.readouterr().err, case
         assert victim.read_bytes() == b"the user's file", case
-    _Stub.path_to_name = str(garbage)
-    assert cli.main([*argv, "--out", str(tmp_path / "out-garbage")]) == 2
+    assert extract("garbage", str(garbage)) == 2
     assert "left in place" in capsys.readouterr().err
     assert garbage.read_bytes() == b"not safetensors"
     # without the directory the client refuses before sending anything
-    assert cli.main([*argv[:-2], "--out", str(tmp_path / "out-none")]) == 2
+    assert extract("none", str(victim), with_dir=False) == 2
     assert "needs --hidden-states-dir" in capsys.readouterr().err
 
 

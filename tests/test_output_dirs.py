@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from draft_layouts import write_ours
+from stage_helpers import another_writer
 
 from eagle3_train import cli
 from eagle3_train.checkpoints.native import prune
@@ -185,20 +184,11 @@ def test_out_below_a_regular_file_is_a_clear_error(run_dir, tmp_path, capsys):
 def test_two_writers_of_one_directory_the_second_stops(tmp_path):
     """A live writer's temporary directory is locked: a second atomic write stops instead of deleting it."""
     target = tmp_path / "draft"
-    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
-                               "from eagle3_train.utils.outputs import atomic_dir\n"
-                               f"with atomic_dir({str(target)!r}, 'export') as tmp:\n"
-                               "    print(tmp, flush=True)\n    time.sleep(120)\n"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        in_flight = Path(holder.stdout.readline().strip())
+    with another_writer(f"atomic_dir({str(target)!r}, 'export')") as (holder, in_flight):
         with pytest.raises(Eagle3InputError, match=rf"being written by another process \(pid {holder.pid}\)"), \
                 atomic_dir(target, "export"):
             pass
-        assert in_flight.is_dir()
-    finally:
-        holder.kill()
-        holder.wait()
+        assert Path(in_flight).is_dir()
     with atomic_dir(target, "export") as tmp:  # a killed writer's leftovers are cleared
         (tmp / "data").write_text("x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft"]
@@ -273,18 +263,9 @@ def test_train_refuses_a_foreign_run_dir_and_a_second_writer(tiny_stages, tmp_pa
     assert sorted(p.name for p in user.iterdir()) == ["checkpoints", "metrics.jsonl"]
     # a run in progress holds its directory: a second train into it stops
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import time\n"
-                               "from eagle3_train.utils.outputs import claimed_output\n"
-                               f"with claimed_output({str(run)!r}, 'train', 'x'):\n"
-                               "    print('locked', flush=True)\n    time.sleep(120)\n"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with another_writer(f"claimed_output({str(run)!r}, 'train', 'x')") as (holder, _):
         assert cli.main([*argv, "--out", str(run)]) == 2
         assert f"being written by another process (pid {holder.pid})" in capsys.readouterr().err
-    finally:
-        holder.kill()
-        holder.wait()
     assert cli.main([*argv, "--out", str(run)]) == 0
     # a pointer to a checkpoint that is gone: an error, not a fresh start over the older checkpoints
     pointer = run / "checkpoints" / "latest.json"
