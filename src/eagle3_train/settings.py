@@ -68,7 +68,7 @@ class PrepareSettings:
     out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
     max_length: int = setting(2048, "tokens per sample", valid=">= 1")
     overflow: Overflow = setting("truncate", "samples longer than max_length: truncate them, or drop them")
-    limit: int | None = setting(None, "read only the first N conversations of the source", metavar="N")
+    limit: int | None = setting(None, "read only the first N conversations of the source", metavar="N", valid=">= 1")
     val_fraction: float = setting(0.05, "share of conversations held out for validation", valid="[0, 1)")
     val_count: int | None = setting(None, "exact number of validation conversations (overrides val_fraction)",
                                     valid=">= 0")
@@ -84,7 +84,8 @@ class PrepareSettings:
     skip_bad_records: bool = setting(False, "skip source records that are not valid JSON/UTF-8 or not conversations "
                                             "(counted by reason in the manifest, the first named) instead of stopping "
                                             "at the first")
-    preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N")
+    preview: int = setting(0, "print N samples with the supervised tokens highlighted", yaml=False, metavar="N",
+                           valid=">= 0")
     overwrite: bool = setting(False, "replace an earlier prepared output in --out made from other data, another "
                                      "verifier or other settings", yaml=False)
 
@@ -108,9 +109,9 @@ class GenerateSettings:
                                   "http://127.0.0.1:8000/v1 (repeat to spread the load)", yaml=False)
     model: str | None = setting(None, "served model name (default: the only model the endpoint serves)",
                                 yaml=False)
-    limit: int | None = setting(None, "use the first N conversations of the source", metavar="N")
+    limit: int | None = setting(None, "use the first N conversations of the source", metavar="N", valid=">= 1")
     max_turns: int | None = setting(None, "keep the first N user turns of each conversation (each turn costs "
-                                          "another generation)", cli=False)
+                                          "another generation)", cli=False, valid=">= 1")
     concurrency: int = setting(CONCURRENCY, "conversations in flight", valid=">= 1")
     max_tokens: int = setting(512, "max new tokens per assistant turn", valid=">= 1")
     temperature: float = setting(0.0, "sampling temperature", valid=">= 0")
@@ -131,7 +132,7 @@ class GenerateSettings:
     serve_verifier: str | None = setting(None, "start a vLLM server for this verifier (e.g. smollm2-135m-instruct) "
                                                "and use it", yaml=False, metavar="NAME_OR_DIR")
     max_model_len: int | None = setting(None, CONTEXT_HELP + "; in a run config: serving.max_model_len",
-                                        flag="--serve-max-model-len", aliases=("--max-model-len",))
+                                        flag="--serve-max-model-len", aliases=("--max-model-len",), valid=">= 1")
     serve_enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only)", yaml=False)
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP + " (--serve-verifier; in a run "
                                    "config: serving.vllm_args)", flag="--vllm-arg", aliases=("--vllm-args",),
@@ -166,12 +167,12 @@ class ExtractSettings:
                                                 "started here serve it in, so that the stored teacher is the judge: "
                                                 "bfloat16 on CUDA, float32 on CPU; bfloat16 is ~1.8x faster on CPUs "
                                                 "with AVX512-BF16/AMX)")
-    token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass")
-    shard_tokens: int | None = setting(None, "tokens per shard file (default: about 256 MiB per shard)")
+    token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass", valid=">= 1")
+    shard_tokens: int | None = setting(None, "tokens per shard file (default: about 256 MiB per shard)", valid=">= 1")
     device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")
     splits: list[str] = setting(default_factory=lambda: ["train", "validation"],
                                 help="splits to extract (comma-separated or repeated)", aliases=("--split",))
-    max_samples: int | None = setting(None, "only the first N samples of each split")
+    max_samples: int | None = setting(None, "only the first N samples of each split", valid=">= 1")
     overwrite: bool = setting(False, "replace hidden states in --out that were made with other settings",
                               yaml=False)
     hash_weights: bool = setting(False, "record the SHA-256 of every verifier weight file in the manifest (reads "
@@ -183,7 +184,8 @@ class ExtractSettings:
                                   "several servers); --backend vllm", yaml=False)
     model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)",
                                 yaml=False)
-    concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False)
+    concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False,
+                               valid=">= 1")
     hidden_states_dir: str | None = setting(None, HS_DIR_HELP + " (--backend vllm)", yaml=False)
     trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
 
@@ -215,9 +217,10 @@ class _PromptSettings:
 
     benchmark: str = setting("mt-bench", "mt-bench, humaneval, or a .jsonl/.txt prompt file",
                              aliases=("--prompts",))
-    num_prompts: int | None = setting(None, "first N prompts (default all)", aliases=("--limit",), metavar="N")
+    num_prompts: int | None = setting(None, "first N prompts (default all)", aliases=("--limit",), metavar="N",
+                                      valid=">= 1")
     turns: Literal[1, 2] | None = setting(None, "turns per prompt (MT-bench has 2; default all)")
-    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS)
+    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS, valid=">= 1")
 
 
 @dataclass
@@ -226,7 +229,7 @@ class _SamplingSettings:
 
     temperature: float = setting(0.0, "sampling temperature of the served requests: 0 measures the argmax match; "
                                       "above 0 vLLM verifies by rejection sampling and outputs are not compared with "
-                                      "a baseline")
+                                      "a baseline", valid=">= 0")
     seed: int = setting(0, "base seed of sampled requests (each request's seed derives from it, prompt and turn)")
 
 
@@ -238,12 +241,12 @@ class EvaluateSettings(_SamplingSettings, _PromptSettings):
     vllm: bool | Literal["auto"] = setting(False, "measure acceptance on a real vLLM server per export; auto: when "
                                                   "the vLLM env exists")
     offline: bool = setting(False, "also run the offline evaluator (HF verifier in this process)")
-    num_prompts: int | None = setting(80, "prompts sent to the vLLM servers")
+    num_prompts: int | None = setting(80, "prompts sent to the vLLM servers", valid=">= 1")
     turns: Literal[1, 2] | None = setting(1, "turns per prompt (MT-bench has 2; null: all)")
-    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn")
-    concurrency: int = setting(CONCURRENCY, "requests in flight")
+    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", valid=">= 1")
+    concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
     baseline: bool = setting(False, "also serve the verifier alone: speed-up and greedy-equality check")
-    offline_prompts: int = setting(10, "prompts for the offline evaluator (the first of the same set)")
+    offline_prompts: int = setting(10, "prompts for the offline evaluator (the first of the same set)", valid=">= 0")
 
 
 @dataclass
@@ -255,17 +258,18 @@ class OfflineEvalSettings(_PromptSettings):
                          required=True)
     verifier: str | None = setting(None, "verifier name or HF dir (default: the one recorded with the draft)")
     max_new_tokens: int = setting(MAX_TOKENS, "new tokens per turn", flag="--max-tokens",
-                                  aliases=("--max-new-tokens",))
+                                  aliases=("--max-new-tokens",), valid=">= 1")
     prepared: str | None = setting(None, "prepared data dir to test the prompts against (default: the draft's "
                                          "training metadata data.prepared)")
     check_greedy: bool = setting(True, "compare token for token with plain greedy decoding (--no-check-greedy is "
                                        "about 2x faster)")
-    tie_tol: float = setting(1e-3, "logit gap under which a difference from greedy decoding counts as a near-tie")
+    tie_tol: float = setting(1e-3, "logit gap under which a difference from greedy decoding counts as a near-tie",
+                             valid=">= 0")
     device: str = setting("cpu", "torch device")
     dtype: Dtype = setting("float32", "dtype the verifier and the draft compute in", flag="--compute-dtype",
                            aliases=("--dtype",))
     threads: int | None = setting(None, "torch CPU threads (default: torch's choice; 1 is often fastest for small "
-                                        "verifiers on a shared CPU)")
+                                        "verifiers on a shared CPU)", valid=">= 1")
     out: str | None = setting(None, "output dir: results.json and acceptance_by_position.png")
 
 
@@ -284,13 +288,13 @@ class ServedEvalSettings(_SamplingSettings, _PromptSettings):
                                          "with --draft)")
     draft: str | None = setting(None, "exported draft dir (EAGLE format) to serve with the verifier")
     enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only)")
-    max_model_len: int | None = setting(None, CONTEXT_HELP)
+    max_model_len: int | None = setting(None, CONTEXT_HELP, valid=">= 1")
     server_dtype: ServerDtype = setting("auto", "dtype of servers started here (auto: float32 on CPU, bfloat16 "
                                                 "on CUDA)")
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
                                    aliases=("--vllm-args",), commas=False)
-    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",))
-    concurrency: int = setting(CONCURRENCY, "requests in flight")
+    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",), valid=">= 1")
+    concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
     out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
 
 
@@ -301,10 +305,11 @@ class ServeSettings:
     draft: str | None = setting(None, "EAGLE-3 draft directory (exported); enables speculative decoding")
     draft_only: bool = setting(False, "serve a speculators-format draft alone (vLLM reads the verifier from its "
                                       "config)")
-    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS)
+    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", **K_FLAGS, valid=">= 1")
     host: str = setting("127.0.0.1", "address to listen on")
-    port: int = setting(8000, "port to listen on")
-    max_model_len: int | None = setting(None, "context length (default: 2048 on CPU, the model's own on CUDA)")
+    port: int = setting(8000, "port to listen on", valid="[1, 65535]")
+    max_model_len: int | None = setting(None, "context length (default: 2048 on CPU, the model's own on CUDA)",
+                                        valid=">= 1")
     dtype: ServerDtype = setting("auto", "dtype vLLM runs the models in (auto: float32 on CPU, bfloat16 on CUDA)",
                                  flag="--server-dtype", aliases=("--dtype",))
     served_model_name: str | None = setting(None, "model name clients use (default: the model directory)")
@@ -313,11 +318,11 @@ class ServeSettings:
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
                                    aliases=("--vllm-args",), commas=False)
     log: str | None = setting(None, "server log file (default: a temporary file)")
-    startup_timeout: float = setting(900.0, "seconds to wait for the server to come up")
+    startup_timeout: float = setting(900.0, "seconds to wait for the server to come up", valid="> 0")
     trust_remote_code: bool = setting(False, TRUST_HELP)
     gpu_memory_utilization: float | None = setting(
         None, f"share of GPU memory (on CPU: of RAM) vLLM reserves (default: vLLM's; "
-              f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)")
+              f"{EXTRACT_GPU_MEMORY_UTILIZATION} with --extract-hidden-states)", valid="(0, 1]")
     extract_hidden_states: bool = setting(False, "serve hidden states for `extract --backend vllm` (speculative "
                                                  "method extract_hidden_states, our KV connector)")
     layer_ids: str | None = setting(None, "aux layers 'low,mid,high' as in extract (default 2,L//2,L-3); the last "
@@ -335,7 +340,7 @@ class ServingSettings:
                                          "CUDA)")
     enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only, where a pipeline "
                                                                                   "stage's server starts faster so)")
-    max_model_len: int | None = setting(None, CONTEXT_HELP)
+    max_model_len: int | None = setting(None, CONTEXT_HELP, valid=">= 1")
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, commas=False)
 
 
