@@ -38,18 +38,18 @@ def test_bad_values_are_named(monkeypatch):
 
 
 @pytest.mark.slow
-def test_extract_runs_the_verifier_in_bf16_where_the_cpu_multiplies_it(tmp_path, tiny_llama_dir, monkeypatch):
-    """extract's default compute dtype follows the same detection as `auto`; an explicit one is kept."""
+def test_extract_runs_the_verifier_in_the_dtype_the_judge_serves(tmp_path, tiny_llama_dir, monkeypatch):
+    """extract's default compute dtype is the one the vLLM server started here serves the verifier in (float32 on
+    CPU, native bf16 or not: the stored teacher is the judge); an explicit one is kept."""
     from eagle3_train.data.prepare import prepare
     from eagle3_train.hidden_states.extract import extract
 
     verifier = tiny_llama_dir()
     prepare("sharegpt", verifier, tmp_path / "prepared", max_length=64, limit=4, val_count=1)
-    for env, expected in (("1", "bfloat16"), ("0", "float32")):
+    for env in ("1", "0"):
         monkeypatch.setenv(CPU_BF16_ENV, env)
         manifest = extract(tmp_path / "prepared", verifier, tmp_path / f"hidden-{env}", dtype="float32")
-        assert manifest["compute_dtype"] == expected
-    monkeypatch.setenv(CPU_BF16_ENV, "1")
+        assert manifest["compute_dtype"] == "float32"
     explicit = extract(tmp_path / "prepared", verifier, tmp_path / "hidden-explicit", dtype="float32",
-                       compute_dtype="float32")
-    assert explicit["compute_dtype"] == "float32"
+                       compute_dtype="bfloat16")
+    assert explicit["compute_dtype"] == "bfloat16"
