@@ -239,3 +239,21 @@ def test_loss_forward_model_matches_the_measured_peak(temperature):
         _head_loss(model, hidden, probs, torch.arange(R), torch.ones(R), torch.ones(R),
                    target_temperature=temperature)
     assert live.peak == pytest.approx(loss_forward_bytes(R, Vd, temperature), rel=0.1)
+
+
+def test_plan_takes_the_finetune_sources_architecture(smollm2_dir, head, vocab_a, tmp_path):
+    """`plan --finetune-from SOURCE` plans the draft the finetune builds: the source's layers, widths, vocabulary
+    and aux layers (as the finetune reads them), not the verifier's defaults."""
+    from draft_layouts import SMOL, write_specforge
+
+    source_cfg = DraftConfig.from_verifier(SMOL, vocab_a[0].shape[0], aux_layer_ids=(3, 12, 25), num_layers=2,
+                                           intermediate_size=1024)
+    source = Eagle3Draft(source_cfg)
+    source.set_vocab(*vocab_a)
+    d = write_specforge(source, tmp_path / "sf", head[0])
+    base = dict(verifier=str(smollm2_dir), samples=100, tokens_per_sample=512, precision="fp32", device="cpu")
+    p = plan(PlanSettings(**base, finetune_from=str(d)))
+    assert p.draft["num_layers"] == 2 and p.draft["intermediate_size"] == 1024
+    assert p.draft["aux_layer_ids"] == [3, 12, 25] and p.draft["draft_vocab_size"] == vocab_a[0].shape[0]
+    assert p.parameters["trainable"] == sum(x.numel() for x in source.parameters() if x.requires_grad)
+    assert plan(PlanSettings(**base)).draft["num_layers"] == 1

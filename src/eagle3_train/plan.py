@@ -59,6 +59,7 @@ class PlanSettings:
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
     target_temperature: float = _TRAIN_DEFAULTS.target_temperature  # != 1: the loss's target is a new [R, Vd] tensor
     layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
+    finetune_from: str | None = None  # a draft to finetune: its architecture, vocabulary size and layers are planned
 
 
 @dataclass
@@ -310,10 +311,23 @@ def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
     return b + 4 * _FP8_SCALE_BYTES if dtype == "fp8" else b
 
 
+def _from_source(s: PlanSettings, num_layers: int) -> PlanSettings:
+    """The settings with the finetune source's architecture, draft vocabulary and aux layers (what `train
+    --finetune-from` builds and `extract --finetune-from` taps)."""
+    from eagle3_train.checkpoints.formats import draft_architecture
+
+    c, _ = draft_architecture(s.finetune_from, num_layers)
+    return dataclasses.replace(s, num_layers=c.num_layers, intermediate_size=c.intermediate_size,
+                               num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                               head_dim=c.head_dim, draft_vocab=c.draft_vocab_size, layer_ids=tuple(c.aux_layer_ids))
+
+
 def plan(s: PlanSettings) -> Plan:
     _check(s)
     vcfg, cfg_path = read_verifier_config(s.verifier)
     text = vcfg.get("text_config", vcfg)
+    if s.finetune_from:
+        s = _from_source(s, int(text["num_hidden_layers"]))
     draft_cfg, model = build_meta_draft(vcfg, s)
     tied = bool(vcfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     params = count_parameters(model)
@@ -510,6 +524,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-heads", dest="num_attention_heads", type=int)
     p.add_argument("--draft-kv-heads", dest="num_key_value_heads", type=int)
     p.add_argument("--draft-head-dim", dest="head_dim", type=int)
+    p.add_argument("--finetune-from", help="a draft to finetune (dir, export or hub id): plan its architecture, "
+                                           "vocabulary and aux layers (headers only)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 

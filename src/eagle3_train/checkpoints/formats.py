@@ -382,12 +382,18 @@ def fill_default_aux_ids(config: DraftConfig, verifier_num_layers: int) -> Draft
     return config
 
 
-def draft_layer_ids(source: str | Path, verifier_num_layers: int) -> tuple[tuple[int, ...], str]:
-    """The verifier layers (vLLM's input-of-layer ids) a published or earlier draft was trained on, read from its
-    config in its producer's convention (`read_aux_ids`), and where they came from; headers only, no weights."""
+def draft_architecture(source: str | Path, verifier_num_layers: int) -> tuple[DraftConfig, str]:
+    """A published or earlier draft's architecture (its aux layers as vLLM's input-of-layer ids, read in its
+    producer's convention by `read_aux_ids`) and where its aux ids came from; headers only, no weights."""
     loaded = load_draft_source(source, shapes_only=True)
     fill_default_aux_ids(loaded.config, verifier_num_layers)
-    return tuple(loaded.config.aux_layer_ids), loaded.aux_ids_origin
+    return loaded.config, loaded.aux_ids_origin
+
+
+def draft_layer_ids(source: str | Path, verifier_num_layers: int) -> tuple[tuple[int, ...], str]:
+    """The verifier layers a draft was trained on, and where they came from (see `draft_architecture`)."""
+    config, origin = draft_architecture(source, verifier_num_layers)
+    return tuple(config.aux_layer_ids), origin
 
 
 def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
