@@ -293,3 +293,17 @@ def test_evaluate_and_convert_verifier_refuse_foreign_directories(run_dir, tmp_p
         assert cli.main(["convert-verifier", "smollm2-135m-instruct", "--out", str(copy)]) == 0
     assert (copy / "config.json").is_file() and read_marker(copy)["stage"] == "convert-verifier"
     assert os.listdir(tmp_path).count("copy") == 1
+
+
+def test_an_empty_directory_another_stage_claimed_is_taken_over(tiny_stages, tmp_path):
+    """A stage that claimed a directory and failed before writing into it leaves only its marker; the directory is
+    still empty, so another stage may use it, and it is then marked as that stage's: a rerun of that stage is not
+    refused as "the output of" the first."""
+    root, _ = tiny_stages
+    out = tmp_path / "vocab"
+    out.mkdir()
+    write_marker(out, "prepare")
+    argv = ["vocab", "--prepared", str(root / "prepared"), "--size", "64", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert read_marker(out)["stage"] == "vocab"
+    assert cli.main(argv) == 0

@@ -121,8 +121,8 @@ def claim_output_dir(path: str | os.PathLike, stage: str, what: str, legacy: Own
     path = _resolve(path)
     if path.exists() and not path.is_dir():
         raise Eagle3InputError(f"{what} {path} exists and is not a directory")
+    marker = read_marker(path)
     if holds_files(path):
-        marker = read_marker(path)
         if marker is not None and marker.get("stage") != stage:
             raise Eagle3InputError(f"{what} {path} is the output of eagle3-train {marker.get('stage')}, not of "
                                    f"{stage}; choose another directory")
@@ -138,7 +138,7 @@ def claim_output_dir(path: str | os.PathLike, stage: str, what: str, legacy: Own
             log.info("%s %s: an output of an earlier eagle3-train version; marking it", what, path)
     if path.is_dir() or create:
         path.mkdir(parents=True, exist_ok=True)
-        if read_marker(path) is None:
+        if (marker or {}).get("stage") != stage:  # unmarked, or an empty directory another stage claimed
             write_marker(path, stage)
     return path
 
@@ -152,8 +152,7 @@ def output_lock(out_dir: str | os.PathLike, what: str) -> Iterator[None]:
     out_dir.mkdir(parents=True, exist_ok=True)
     with _locked(out_dir / LOCK_NAME) as holder:
         if holder is not None:
-            raise Eagle3InputError(f"{what} {out_dir} is being written by another process (pid {holder}): wait for "
-                                   f"it to finish, or write to another directory")
+            raise _busy(what, out_dir, holder)
         yield
 
 
@@ -164,6 +163,11 @@ def claimed_output(path: str | os.PathLike, stage: str, what: str, legacy: Owner
     path = claim_output_dir(path, stage, what, legacy)
     with output_lock(path, what):
         yield path
+
+
+def _busy(what: str, path: Path, holder: str) -> Eagle3InputError:
+    return Eagle3InputError(f"{what} {path} is being written by another process (pid {holder}): wait for it to "
+                            f"finish, or write to another directory")
 
 
 @contextmanager
@@ -267,8 +271,7 @@ def atomic_dir(target: str | os.PathLike, stage: str, what: str = "output direct
     for stale in _ours_beside(target, _TEMP):
         with _locked(stale / LOCK_NAME) as holder:
             if holder is not None:
-                raise Eagle3InputError(f"{what} {target} is being written by another process (pid {holder}): wait "
-                                       f"for it to finish, or write to another directory")
+                raise _busy(what, target, holder)
             shutil.rmtree(stale, ignore_errors=True)
     tmp = make_temp_dir(target, stage)
     try:
