@@ -144,7 +144,7 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             raise Eagle3InputError(f"{path}, line {line}: not UTF-8 text (byte {e.start}); fix the file or pass "
                                    f"--skip-bad-records to skip such records") from None
     seen: Counter[str] = Counter()
-    contents: set[bytes] = set()
+    contents: set[str] = set()
     formats: Counter[str] = Counter()
     line, last = 1, 0
     if limit == 0:
@@ -168,7 +168,7 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             info.records = n = n - 1
             _bad(info, path, line, "invalid_record", str(e).split(": ", 1)[-1])
             continue
-        digest = hashlib.sha256(json.dumps(conv.messages, sort_keys=True, ensure_ascii=False).encode()).digest()
+        digest = messages_digest(conv.messages)
         if digest in contents:
             info.duplicates_dropped += 1
             continue
@@ -298,6 +298,11 @@ def _text(value: str, where: str, field_name: str) -> str:
     return value
 
 
+def messages_digest(messages: list[dict[str, str]]) -> str:
+    """SHA-256 of a conversation's messages: its id when the file gives none, and what makes two records the same."""
+    return hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+
+
 def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conversation]:
     where = f"{path}, record {n} (line {line})"
     if not isinstance(record, dict):
@@ -332,7 +337,7 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
     cid = record.get("id")
     if cid is None or cid == "":
         # No id in the file: a content hash is stable across runs and limits.
-        cid = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()[:16]
+        cid = messages_digest(messages)[:16]
     return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages)
 
 

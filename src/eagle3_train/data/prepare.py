@@ -110,8 +110,9 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     settings = {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
                 "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
                 "reasoning": reasoning, "skip_bad_records": skip_bad_records}
+    template_sha256 = sha256_text(template or "")  # the --chat-template override ("" when none)
     if not overwrite:
-        _check_same_inputs(out_dir, info.sha256, verifier.identity(), sha256_text(template or ""), settings)
+        _check_same_inputs(out_dir, info.sha256, verifier.identity(), template_sha256, settings)
     verifier_dir = verifier.path
     tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
     try:
@@ -143,7 +144,7 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
         "verifier": {**verifier.identity(), "vocab_size": verifier_vocab_size(verifier_dir)},
         "tokenizer": _tokenizer_record(verifier_dir, tokenizer, masker.chat_template, template_source),
         "settings": {**settings, "reasoning_placed": reasoning_mode, "template_renders_reasoning": renders_reasoning},
-        "chat_template_override_sha256": sha256_text(template or ""),
+        "chat_template_override_sha256": template_sha256,
         "counts": counts,
         "skip_examples": kept.examples,
         "dataset": {"path": "dataset", "splits": [TRAIN, VALIDATION], "columns": list(COLUMNS)},

@@ -338,7 +338,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     splits = tuple(_D().splits if splits is None else splits)
     _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options)
     # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
-    out_dir = claim_output_dir(out_dir, "extract", WHAT, _LEGACY, create=False)
+    out_dir = claim_output_dir(out_dir, "extract", WHAT, written_by_extract, create=False)
     store_dtype, store_bytes = _store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits)
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
@@ -378,7 +378,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     # the HF backend's verifier stats add STATS_BYTES per token to the hidden states' bytes_per_token
     disk_bytes_per_token = bytes_per_token + (STATS_BYTES if backend == "hf" else 0)
     _check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin, overwrite)
-    with claimed_output(out_dir, "extract", WHAT, _LEGACY):  # nothing is deleted while another extract writes
+    # nothing is deleted while another extract writes
+    with claimed_output(out_dir, "extract", WHAT, written_by_extract):
         _clear_output(out_dir, overwrite)
 
         manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
@@ -509,7 +510,7 @@ def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: 
 
 
 WHAT = "hidden-states directory"
-_LEGACY = json_says("manifest.json", "format", FORMAT)  # written before output markers existed
+written_by_extract = json_says("manifest.json", "format", FORMAT)  # a store from before output markers
 
 
 def _resumable_manifest(out_dir: Path, settings: dict, overwrite: bool) -> dict | None:

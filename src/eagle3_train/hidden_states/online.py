@@ -28,7 +28,7 @@ import torch
 from eagle3_train.hidden_states.source import Features
 from eagle3_train.hidden_states.vllm_backend import ServerUnavailable, VLLMHiddenStates
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
-from eagle3_train.utils.outputs import claim_output_dir, json_says
+from eagle3_train.utils.outputs import claim_output_dir
 from eagle3_train.utils.provenance import environment, now_iso
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,9 @@ class HybridSource(OnlineSource):
     def _ready(self) -> None:
         if self.reader is not None:
             return
-        from eagle3_train.hidden_states.extract import FORMAT
+        from eagle3_train.hidden_states.extract import written_by_extract
 
-        claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", json_says("manifest.json", "format",
-                                                                                          FORMAT))
+        claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", written_by_extract)
         self.split_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
             mpath = self.dir / "manifest.json"

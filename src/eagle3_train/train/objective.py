@@ -33,9 +33,6 @@ class Objective:
                    loss_mix=cfg.loss_mix, target_temperature=cfg.target_temperature, feature_loss=cfg.feature_loss,
                    chain_mask=cfg.chain_mask, checkpoint_loss=cfg.checkpoint_loss, checkpoint_mlp=cfg.checkpoint_mlp)
 
-    def replace(self, **changes) -> Objective:
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass(frozen=True)
 class FeatureNoise:

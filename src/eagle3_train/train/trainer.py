@@ -65,7 +65,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.out = Path(cfg.out)
-        check_loss(cfg.loss, cfg.loss_mix, cfg.target_temperature)
+        check_loss(cfg.loss)
         self._setup_device()
         self._setup_model()
         self._setup_data()
