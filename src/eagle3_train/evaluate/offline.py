@@ -139,6 +139,9 @@ class TurnOutput:
     verifier_forwards: int
     drafts: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # drafts equal to the verifier's argmax, past the budget or a stop token too: what vLLM's counters count (it
+    # verifies the whole round, then truncates the output)
+    matched: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)  # filled when record_rounds
     margins: list[float] = field(default_factory=list)  # greedy: top-1 minus top-2 logit per step
 
@@ -193,10 +196,12 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
         new, done = _finish(out.tokens, proposal[:a] + [greedy[a]], stop, max_new_tokens)
         counted = min(a, len(new))  # drafts that were accepted AND emitted (none past a stop token or the budget)
         out.drafts += 1
+        out.matched += a
         for i in range(counted):
             out.accepted_per_pos[i] += 1
         if record_rounds:
-            out.rounds.append({"start": len(out.tokens), "proposal": proposal, "accepted": counted, "emitted": new})
+            out.rounds.append({"start": len(out.tokens), "proposal": proposal, "accepted": counted, "matched": a,
+                               "emitted": new})
         out.tokens += new
         ids += new
         if a < k:  # drop the rejected drafts; crop(0) would empty the cache in some transformers versions
@@ -525,6 +530,7 @@ class _OfflineRun:
         self.by_benchmark.setdefault(p.benchmark, Tally(self.k)).add(spec)
         turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),
                                     "drafts": spec.drafts, "accepted": sum(spec.accepted_per_pos),
+                                    "matched": spec.matched,
                                     "verifier_forwards": spec.verifier_forwards,
                                     "seconds": round(spec.seconds, 3)}
         if self.check_greedy:

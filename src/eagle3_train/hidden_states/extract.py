@@ -351,7 +351,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
         if not compute_dtype:  # the teacher is the verifier as our vLLM server runs it here (the judge of the draft)
             from eagle3_train.serving.vllm_server import server_options
 
-            compute_dtype = server_options("cpu" if device == "cpu" else "cuda")["dtype"]
+            compute_dtype = server_options("cpu" if device == "cpu" else "cuda", model_config=verifier.config)["dtype"]
         _torch_dtype(compute_dtype)  # a bad name fails before any output is touched
     bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
     if shard_tokens is None:

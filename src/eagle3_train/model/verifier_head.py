@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from eagle3_train.assets.families import family_of, text_config
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
@@ -21,10 +22,6 @@ _EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.w
 _HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
 _NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight",
               "norm.weight")
-# Final norms that are not y = w * x / rms(x) (Gemma stores w - 1): applying ours would give wrong `final` states.
-_OTHER_NORMS = ("gemma", "gemma2", "gemma3", "gemma3_text")
-
-
 _BIAS_KEYS = ("lm_head.bias", "language_model.lm_head.bias")
 
 # What each transformers family does to `lm_head(final)` (read from their modeling_*.py ForCausalLM.forward).
@@ -104,16 +101,20 @@ def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.floa
 
 
 def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
-    """(weight [H], eps) of the verifier's final RMSNorm, read from the checkpoint (that tensor only)."""
+    """(multiplier [H], eps) of the verifier's final RMSNorm, y = multiplier * x / rms(x), read from the checkpoint
+    (that tensor only). Families that store w - 1 and apply (1 + w) (Gemma, Qwen3-Next/3.5) give 1 + w."""
     verifier_dir = Path(verifier_dir)
     config = json.loads((verifier_dir / "config.json").read_text())
-    text = config.get("text_config", config)
-    if text.get("model_type") in _OTHER_NORMS:
-        raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} has a final norm "
-                               f"other than w * x / rms(x); not supported by the vLLM hidden-state backend")
+    text, family = text_config(config), family_of(config)
+    if family.final_norm == "layernorm":
+        raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} ends in a LayerNorm "
+                               f"(mean and variance, with a bias), not an RMSNorm; the vLLM hidden-state backend and "
+                               f"final_norm_init=verifier support RMSNorm verifiers only")
     weight = load_tensor(tensor_locations(verifier_dir), _NORM_KEYS)
     if weight is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")
+    if family.final_norm == "rms_plus_one":
+        weight = 1.0 + weight.float()
     return weight, float(text.get("rms_norm_eps", 1e-6))
 
 

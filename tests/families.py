@@ -1,0 +1,91 @@
+"""Tiny random verifiers of the families users run, built by the tests (never committed): the real transformers
+classes at small width, with everything the architecture has that our stages must read (MLA with q/kv LoRA ranks and
+split rope/nope heads, YaRN, MoE with shared and routed experts and dense first layers, grouped top-k routing), the
+SmolLM2 tokenizer and chat template, and config.json as vLLM reads it.
+
+`python tests/families.py FAMILY OUT` writes one (the README's Kimi walk-through uses the DeepSeek-V3 one).
+
+DeepSeek-V3 at tiny width keeps what vLLM's CPU MLA kernel requires (latent kv_lora_rank 512 + qk_rope_head_dim 64 =
+576) and the routing fields real DeepSeek-V3/Kimi-K2 configs carry (`topk_method: noaux_tc`, `scoring_func: sigmoid`:
+without them vLLM builds no `e_score_correction_bias`). MLA runs in bf16 in vLLM's CPU backend, so these checkpoints
+are saved in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+VOCAB = 49152  # SmolLM2's tokenizer
+FAMILY_NAMES = ("llama", "qwen3", "qwen3_moe", "deepseek_v3")
+
+
+def _config(family: str):
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                  max_position_embeddings=8192)
+    if family == "llama":
+        return tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                              num_key_value_heads=2, head_dim=32, **common)
+    if family == "qwen3":
+        return tf.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                              num_key_value_heads=1, head_dim=32, **common)
+    if family == "qwen3_moe":
+        return tf.Qwen3MoeConfig(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                                 num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=2,
+                                 num_key_value_heads=1, head_dim=32, decoder_sparse_step=1, **common)
+    if family == "deepseek_v3":
+        # Kimi-K2's shape at tiny width: YaRN as in its config, a dense first layer, 1 shared + 8 routed experts in
+        # 2 groups. max_position_embeddings = factor x original, as DeepSeek's configs have it.
+        return tf.DeepseekV3Config(
+            hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=96,
+            kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0,
+                             "original_max_position_embeddings": 4096, "beta_fast": 1.0, "beta_slow": 1.0,
+                             "mscale": 1.0, "mscale_all_dim": 1.0},
+            **{**common, "max_position_embeddings": 4096 * 32})
+    raise ValueError(f"unknown family {family!r}; one of {FAMILY_NAMES}")
+
+
+def build_tiny_verifier(family: str, out: Path, tokenizer_dir: Path, seed: int = 0, io_scale: float = 25.0) -> Path:
+    """A random `family` verifier in `out` (safetensors, config.json, SmolLM2's tokenizer files).
+
+    `io_scale` multiplies the embedding and the lm_head (initialised at std 0.02 like every other weight): the
+    residual stream is then led by the current token and the logits are peaked (top-1 probability ~0.6 against
+    ~1e-4 unscaled), so a draft has something to learn, while the layers keep the standard init. Scaling every weight
+    instead (initializer_range 0.5) also peaks the logits but makes bf16 MLA chaotic: HF and vLLM then disagreed
+    beyond rounding on 91% of the tokens (measured), against about 1% here."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(family))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(io_scale)
+        model.get_output_embeddings().weight.mul_(io_scale)
+    dtype = torch.bfloat16 if family == "deepseek_v3" else torch.float32
+    model.to(dtype).eval().save_pretrained(out, safe_serialization=True)
+    cfg = json.loads((out / "config.json").read_text())
+    if family == "deepseek_v3":
+        cfg.update(topk_method="noaux_tc", scoring_func="sigmoid")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, out / name)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: python tests/families.py {{{','.join(FAMILY_NAMES)}}} OUT")
+    from eagle3_train.assets.verifier import resolve_verifier
+
+    target = Path(sys.argv[2])
+    target.mkdir(parents=True, exist_ok=True)
+    print(build_tiny_verifier(sys.argv[1], target, resolve_verifier("smollm2-135m-instruct")))
