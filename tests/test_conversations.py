@@ -189,7 +189,9 @@ def test_not_utf8(tmp_path):
                                                         "and 'value'"),
     ({"id": "x", "messages": [{"role": "user", "text": "t"}]}, "fields 'role' and 'content'"),
     ({"id": "x", "conversations": [{"from": "robot", "value": "v"}]}, "unknown role 'robot'.*expected one of"),
-    ({"id": "x", "messages": [{"role": "tool", "content": "v"}]}, "unknown role 'tool'"),
+    ({"id": "x", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+     r"tool_calls\[0\] must be"),
+    ({"id": "x", "conversations": [{"from": "function_call", "value": "not json"}]}, "must be JSON with 'name'"),
     ({"id": "x", "messages": [{"role": "user", "content": 5}]}, "field 'content' must be a string"),
     ({"id": "x", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "non-text content part"),
 ])
@@ -351,3 +353,47 @@ def test_limit_stops_before_a_cut_off_tail(tmp_path):
     assert len(convs) == 2 and info.broken_tail is None and not info.complete
     convs, info = collect(f, limit=0)
     assert convs == [] and info.records == 0
+
+
+CALL = {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def test_tool_calls_in_openai_and_sharegpt_formats_read_alike(tmp_path):
+    openai = {"id": "a", "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "18C"},
+        {"role": "assistant", "content": "18C."}]}
+    sharegpt = {"id": "b", "conversations": [
+        {"from": "human", "value": "Weather in Paris?"},
+        {"from": "gpt", "value": "Let me look."},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+        {"from": "observation", "value": "18C"},
+        {"from": "gpt", "value": "18C."}]}
+    path = tmp_path / "tools.jsonl"
+    path.write_text(json.dumps(openai) + "\n" + json.dumps(sharegpt) + "\n")
+    a, b = load_conversations(path)[0]
+    assert [m["role"] for m in a.messages] == [m["role"] for m in b.messages] == ["user", "assistant", "tool",
+                                                                                  "assistant"]
+    assert a.messages[1]["tool_calls"] == [CALL] and a.messages[2]["tool_call_id"] == "call_7"
+    assert b.messages[1]["content"] == "Let me look."
+    assert b.messages[1]["tool_calls"] == [{"id": "call_0", "type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    for conv in (a, b):
+        assert normalize_turns(conv.messages) == (conv.messages, None)
+
+
+@pytest.mark.parametrize("roles, reason", [
+    (["user", "assistant+call", "tool", "tool", "assistant"], None),  # parallel calls: two results
+    (["user", "assistant+call", "assistant"], "broken_alternation"),  # the results are missing
+    (["user", "assistant", "tool", "assistant"], "tool_result_without_call"),
+    (["user", "tool", "assistant"], "tool_result_without_call"),
+    (["user", "assistant+call", "tool", "user"], None),  # trailing turns without an answer are trimmed
+])
+def test_normalize_turns_with_tool_calls(roles, reason):
+    messages = [{"role": r.split("+")[0], "content": "" if r == "assistant+call" else "x",
+                 **({"tool_calls": [CALL]} if r.endswith("+call") else {})} for r in roles]
+    got, why = normalize_turns(messages)
+    assert why == reason
+    if reason is None:
+        assert got[-1]["role"] == "assistant"

@@ -271,6 +271,7 @@ class OfflineEvalSettings(_PromptSettings):
     threads: int | None = setting(None, "torch CPU threads (default: torch's choice; 1 is often fastest for small "
                                         "verifiers on a shared CPU)", valid=">= 1")
     out: str | None = setting(None, "output dir: results.json and acceptance_by_position.png")
+    trust_remote_code: bool = setting(False, TRUST_HELP)
 
 
 @dataclass

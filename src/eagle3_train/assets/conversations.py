@@ -37,7 +37,12 @@ ROLE_ALIASES = {
     "system": "system",
     "human": "user", "user": "user",
     "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    # tool results: OpenAI's `tool` (and legacy `function`), ShareGPT-style `observation`
+    "tool": "tool", "function": "tool", "observation": "tool",
+    # ShareGPT-style function calls: an assistant turn whose value is {"name", "arguments"} JSON
+    "function_call": "assistant",
 }
+_CALL_ROLES = {"function_call"}
 _WS = " \t\r\n"
 _BAD_EXAMPLES = 5
 # Undecodable bytes become lone surrogates under errors="surrogateescape"; valid UTF-8 text never holds them.
@@ -329,10 +334,25 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
         if canonical is None:
             raise Eagle3InputError(f"{twhere}: unknown role {role!r} in field '{role_key}'; expected one of "
                                    f"{sorted(ROLE_ALIASES)}")
-        message = {"role": canonical, "content": _content(turn[content_key], twhere, content_key)}
+        if role.lower() in _CALL_ROLES:
+            message = {"role": "assistant", "content": "",
+                       "tool_calls": _tool_calls([_sharegpt_call(turn[content_key], twhere, content_key)], twhere)}
+        else:
+            message = {"role": canonical, "content": _content(turn[content_key], twhere, content_key)}
         reasoning = turn.get("reasoning_content", turn.get("reasoning"))  # kept by `generate` for thinking models
         if canonical == "assistant" and reasoning:
             message["reasoning_content"] = _content(reasoning, twhere, "reasoning_content")
+        if canonical == "assistant" and turn.get("tool_calls"):
+            message["tool_calls"] = _tool_calls(turn["tool_calls"], twhere)
+        if canonical == "tool":
+            for key in ("tool_call_id", "name"):
+                if turn.get(key) is not None:
+                    message[key] = _text(str(turn[key]), twhere, key)
+        if messages and messages[-1]["role"] == "assistant" and message["role"] == "assistant" \
+                and "tool_calls" in message and not messages[-1].get("tool_calls") and not message["content"]:
+            # ShareGPT-style: the call follows the assistant's text as its own turn; one assistant message holds both
+            messages[-1]["tool_calls"] = message["tool_calls"]
+            continue
         messages.append(message)
     cid = record.get("id")
     if cid is None or cid == "":
@@ -341,14 +361,47 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
     return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages)
 
 
+def _sharegpt_call(value: Any, where: str, field_name: str) -> dict[str, Any]:
+    """A ShareGPT-style `function_call` turn's value ({"name", "arguments"} as JSON text) as an OpenAI call."""
+    try:
+        call = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        call = None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise Eagle3InputError(f"{where}: field '{field_name}' of a function_call turn must be JSON with 'name' and "
+                               f"'arguments', got {str(value)[:80]!r}")
+    return {"type": "function", "function": {"name": call["name"], "arguments": call.get("arguments", {})}}
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """OpenAI `tool_calls`: [{"id"?, "type": "function", "function": {"name", "arguments" (JSON text or object)}}];
+    calls without an id get `call_<i>` (templates print it, tool results refer to it)."""
+    if not isinstance(value, list):
+        raise Eagle3InputError(f"{where}: field 'tool_calls' must be a list, got {type(value).__name__}")
+    calls = []
+    for i, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise Eagle3InputError(f"{where}: tool_calls[{i}] must be {{'type': 'function', 'function': {{'name', "
+                                   f"'arguments'}}}}, got {str(call)[:80]!r}")
+        arguments = fn.get("arguments", {})
+        if not isinstance(arguments, (str, dict)):
+            raise Eagle3InputError(f"{where}: tool_calls[{i}].function.arguments must be JSON text or an object")
+        calls.append({"id": str(call.get("id") or f"call_{i}"), "type": "function",
+                      "function": {"name": _text(fn["name"], where, "tool_calls.function.name"),
+                                   "arguments": arguments}})
+    return calls
+
+
 def normalize_turns(messages: list[dict[str, str]], leading_assistant: str = "trim"
                     ) -> tuple[list[dict[str, str]] | None, str | None]:
     """Check a conversation's turn structure; return (messages, None) or (None, skip reason).
 
     Accepted: an optional system message first, then user/assistant alternating, starting with user, with at least
-    one assistant turn and no empty turn. ShareGPT splits long chats into parts whose later parts start with the
-    assistant: with `leading_assistant="trim"` those leading assistant turns are dropped (the reply to an unseen
-    question teaches nothing useful); with "skip" such conversations are skipped.
+    one assistant turn and no empty turn; an assistant turn with `tool_calls` (its text may be empty) is followed by
+    its tool results (`tool` turns) and then the assistant again. ShareGPT splits long chats into parts whose later
+    parts start with the assistant: with `leading_assistant="trim"` those leading assistant turns are dropped (the
+    reply to an unseen question teaches nothing useful); with "skip" such conversations are skipped.
     """
     if leading_assistant not in ("trim", "skip"):
         raise ValueError(f"leading_assistant must be 'trim' or 'skip', got {leading_assistant!r}")
@@ -367,9 +420,15 @@ def normalize_turns(messages: list[dict[str, str]], leading_assistant: str = "tr
         turns = turns[:-1]
     if not turns:
         return None, "no_assistant_turn"
-    if any(not m["content"].strip() for m in system + turns):
+    if any(not m["content"].strip() and not m.get("tool_calls") and m["role"] != "tool" for m in system + turns):
         return None, "empty_turn"
-    for k, m in enumerate(turns):
-        if m["role"] != ("user" if k % 2 == 0 else "assistant"):
-            return None, "broken_alternation"
+    previous = None
+    for m in turns:
+        # user -> assistant; an assistant that calls tools -> its tool results -> the assistant again
+        expected = {None: ("user",), "user": ("assistant",), "tool": ("tool", "assistant"),
+                    "assistant": ("tool",) if previous and previous.get("tool_calls") else ("user",)}[
+            previous and previous["role"]]
+        if m["role"] not in expected:
+            return None, "tool_result_without_call" if m["role"] == "tool" else "broken_alternation"
+        previous = m
     return system + turns, None

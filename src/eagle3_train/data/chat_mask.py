@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 _SENTINEL = "eagle3sentinelXq7Z"
+# An assistant message carrying this key (true) is context, not supervised (an earlier turn of a conversation split
+# at its user turns: see data/reasoning.split_at_user_turns).
+UNSUPERVISED = "eagle3_unsupervised"
 
 
 class ChatTemplateError(ValueError):
@@ -74,6 +77,19 @@ class ChatMasker:
         except ChatTemplateError:
             return False
 
+    def drops_earlier_reasoning(self) -> bool:
+        """Whether the template renders reasoning only after the last user turn (Kimi, Qwen3, DeepSeek-R1 templates):
+        the reasoning of earlier turns is then absent from a whole multi-turn rendering."""
+        probe = [{"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "a", "reasoning_content": _SENTINEL + "1"},
+                 {"role": "user", "content": "q2"},
+                 {"role": "assistant", "content": "b", "reasoning_content": _SENTINEL + "2"}]
+        try:
+            text = self.render(probe)
+        except ChatTemplateError:
+            return False
+        return _SENTINEL + "2" in text and _SENTINEL + "1" not in text
+
     def end_marker(self, suffix: str) -> str:
         """The end-of-turn part of a turn suffix: up to and including its first special token."""
         if suffix not in self._marker_cache:
@@ -89,7 +105,7 @@ class ChatMasker:
         full = self.render(messages)
         out = []
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or m.get(UNSUPERVISED):
                 continue
             prompt = self.render(messages[:i], add_generation_prompt=True)
             if not full.startswith(prompt):

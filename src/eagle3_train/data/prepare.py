@@ -28,9 +28,16 @@ from typing import Any
 import numpy as np
 
 from eagle3_train.assets.conversations import load_conversations, normalize_turns
-from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
+from eagle3_train.assets.tokenizer import check_same_tokens, converted_from, load_tokenizer, tokenizer_digest
+from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
-from eagle3_train.data.reasoning import REASONING_KEY, check_reasoning_mode, place_reasoning, resolve_mode
+from eagle3_train.data.reasoning import (
+    REASONING_KEY,
+    check_reasoning_mode,
+    place_reasoning,
+    resolve_mode,
+    split_at_user_turns,
+)
 from eagle3_train.data.split import TRAIN, VALIDATION, assign_splits, check_split_settings
 from eagle3_train.settings import Overflow, PrepareSettings
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, sha256_file, sha256_text, write_json
@@ -95,8 +102,6 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     conversations, instead of stopping at the first. `overwrite`: replace an earlier prepared output in `out_dir`
     made from other data, verifier or settings (without it that is refused; the same inputs are prepared again).
     """
-    from transformers import AutoTokenizer
-
     t0 = time.time()
     _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
     check_reasoning_mode(reasoning)
@@ -114,7 +119,7 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     if not overwrite:
         _check_same_inputs(out_dir, info.sha256, verifier.identity(), template_sha256, settings)
     verifier_dir = verifier.path
-    tokenizer = from_pretrained(AutoTokenizer, verifier_dir, trust_remote_code)
+    tokenizer = load_tokenizer(verifier_dir, trust_remote_code)
     try:
         masker = ChatMasker(tokenizer, template)
     except ValueError as e:
@@ -122,7 +127,7 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     renders_reasoning = masker.renders_reasoning()
     reasoning_mode = resolve_mode(reasoning, renders_reasoning)
 
-    kept = _Tokenized(masker, max_length, overflow)
+    kept = _Tokenized(masker, max_length, overflow, verifier_dir)
     with progress(total=limit, desc="prepare", unit="conv") as bar:
         kept.add_all(conversations, info, bar, leading_assistant, reasoning_mode, renders_reasoning)
     if not kept.samples:
@@ -160,8 +165,10 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
 class _Tokenized:
     """The conversations prepare keeps, as token ids and loss masks, and the counts of what it skipped and why."""
 
-    def __init__(self, masker: ChatMasker, max_length: int, overflow: str) -> None:
+    def __init__(self, masker: ChatMasker, max_length: int, overflow: str, verifier_dir: Path) -> None:
         self.masker, self.max_length, self.overflow = masker, max_length, overflow
+        # a tokenizer converted from the verifier's own (tiktoken) one: every conversation is checked against it
+        self.original, self.verifier_dir = converted_from(masker.tokenizer), verifier_dir
         self.skipped: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
         self.samples: list[dict[str, Any]] = []
@@ -169,6 +176,9 @@ class _Tokenized:
         self.trimmed_leading = 0  # conversations whose leading assistant turns were dropped by normalize_turns
         self.reasoning_turns = 0
         self.n_read = 0
+        # the template drops earlier turns' reasoning: split multi-turn conversations at their user turns
+        self.split_turns = masker.drops_earlier_reasoning()
+        self.split_conversations = 0
 
     def skip(self, reason: str, conv_id: str) -> None:
         self.skipped[reason] += 1
@@ -195,7 +205,10 @@ class _Tokenized:
                                        f"template ignores it (it would be dropped silently); use --reasoning "
                                        f"inline, drop or auto")
             self.reasoning_turns += with_reasoning
-            batch.append((conv.id, place_reasoning(messages, reasoning_mode)))
+            placed = place_reasoning(messages, reasoning_mode)
+            parts = split_at_user_turns(placed) if self.split_turns and with_reasoning else [placed]
+            self.split_conversations += len(parts) > 1
+            batch += [(conv.id if len(parts) == 1 else f"{conv.id}#turn{j + 1}", part) for j, part in enumerate(parts)]
             if len(batch) >= _BATCH:
                 self.flush(batch)
                 batch = []
@@ -211,6 +224,8 @@ class _Tokenized:
                 self.skip("chat_template_error", conv_id)
                 continue
             ids, mask = res.input_ids, res.loss_mask
+            if self.original is not None:
+                check_same_tokens(self.original, self.masker.tokenizer, [res.text], self.verifier_dir)
             cut = len(ids) > max_length
             if cut:
                 if self.overflow == "drop":
@@ -238,6 +253,8 @@ class _Tokenized:
             "truncated": self.truncated,
             "trimmed_leading_assistant": self.trimmed_leading,
             "assistant_turns_with_reasoning": self.reasoning_turns,
+            # samples of a conversation split at its user turns share its id + "#turnN" (and its split)
+            "split_at_user_turns": self.split_conversations,
             "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
             "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
             "max_length_seen": max(s["length"] for s in self.samples),
@@ -270,12 +287,16 @@ def _check_same_inputs(out_dir: Path, source_sha256: str, verifier: dict[str, An
 
 
 def _tokenizer_record(verifier_dir: Path, tokenizer, chat_template: str, template_source: str) -> dict[str, Any]:
-    tokenizer_json = verifier_dir / "tokenizer.json"
+    digest = tokenizer_digest(verifier_dir)
+    original = converted_from(tokenizer)
     return {
         "path": str(verifier_dir),
         "class": type(tokenizer).__name__,
+        # the verifier's own class when it ships a slow tiktoken tokenizer (converted, checked on every conversation)
+        "converted_from": type(original).__name__ if original is not None else None,
         "size": len(tokenizer),
-        "tokenizer_json_sha256": sha256_file(tokenizer_json) if tokenizer_json.is_file() else None,
+        "vocab_file": digest[0] if digest else None,
+        "vocab_file_sha256": digest[1] if digest else None,
         "chat_template_sha256": sha256_text(chat_template),
         "chat_template_source": template_source,
     }
@@ -352,24 +373,23 @@ def check_prepared_tokenizer(prepared_dir: Path, verifier_path: Path) -> None:
     mean other text)."""
     manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
     tok = manifest.get("tokenizer") or {}
-    recorded, tokenizer_json = tok.get("tokenizer_json_sha256"), verifier_path / "tokenizer.json"
-    if not recorded or not tokenizer_json.is_file():
+    name, recorded = tok.get("vocab_file"), tok.get("vocab_file_sha256")
+    if not recorded and tok.get("tokenizer_json_sha256"):  # prepared before vocab_file was recorded
+        name, recorded = "tokenizer.json", tok["tokenizer_json_sha256"]
+    if not recorded or not (verifier_path / name).is_file():
         return
-    now = sha256_file(tokenizer_json)
+    now = sha256_file(verifier_path / name)
     if now != recorded:
         raise Eagle3InputError(f"prepared data {prepared_dir} was tokenized with another tokenizer ({tok.get('path')}, "
-                               f"tokenizer.json sha256 {recorded[:12]}) than verifier {verifier_path} "
+                               f"{name} sha256 {recorded[:12]}) than verifier {verifier_path} "
                                f"({now[:12]}): prepare the data with this verifier, or extract with the one it was "
                                f"prepared for")
 
 
 def preview(prepared_dir: str | Path, n: int = 3, split: str = TRAIN, color: bool | None = None) -> str:
     """N samples decoded with the supervised tokens highlighted (ANSI green on a terminal, else «...»)."""
-    from transformers import AutoTokenizer
-
     dd, manifest = load_prepared(prepared_dir)
-    tokenizer = from_pretrained(AutoTokenizer, manifest["tokenizer"]["path"],
-                                manifest.get("trust_remote_code", False))
+    tokenizer = load_tokenizer(manifest["tokenizer"]["path"], manifest.get("trust_remote_code", False))
     if color is None:
         color = sys.stdout.isatty()
     ds = dd[split]

@@ -9,12 +9,19 @@ return it). The draft must learn those tokens too: a thinking model spends most 
 - `auto` (default): `template` when the template renders `reasoning_content`, else `inline`;
 - `drop`: train on the answers only.
 Reasoning is part of the assistant turn, so its tokens are supervised like the answer's.
+
+Templates that render reasoning only after the last user turn (Kimi, Qwen3) would drop every earlier turn's reasoning
+from a multi-turn conversation. Such a conversation is split at its user turns (`split_at_user_turns`): sample j ends
+before user turn j+1 and supervises only the assistant turns after user turn j (their reasoning rendered, as the model
+generated it), the earlier turns rendered as the template renders history (as the model reads them when serving).
+Every turn's reasoning is then supervised once.
 """
 
 from __future__ import annotations
 
 from typing import Any, get_args
 
+from eagle3_train.data.chat_mask import UNSUPERVISED
 from eagle3_train.settings import ReasoningPlacement
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -47,3 +54,20 @@ def place_reasoning(messages: list[dict[str, Any]], mode: str) -> list[dict[str,
             m["content"] = f"<think>\n{reasoning}\n</think>\n\n{m['content']}"
         out.append(m)
     return out
+
+
+def split_at_user_turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """One sample per user turn that has an answer: the conversation up to the next user turn, with the assistant
+    turns before this user turn marked as unsupervised context. A conversation whose only reasoning is after its
+    last user turn is returned whole."""
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not any(m.get(REASONING_KEY) for m in messages[: users[-1]] if m["role"] == "assistant") if users else True:
+        return [messages]
+    samples = []
+    for j, u in enumerate(users):
+        end = users[j + 1] if j + 1 < len(users) else len(messages)
+        if not any(m["role"] == "assistant" for m in messages[u:end]):
+            continue
+        samples.append([{**m, UNSUPERVISED: True} if m["role"] == "assistant" and i < u else m
+                        for i, m in enumerate(messages[:end])])
+    return samples

@@ -61,7 +61,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     prompts = load_prompts(s.benchmark, limit=s.num_prompts, turns=s.turns)
     results = evaluate_offline(s.draft, verifier, prompts, k=s.k, max_new_tokens=s.max_new_tokens,
                                device=s.device, dtype=getattr(torch, s.dtype), check_greedy=s.check_greedy,
-                               prepared=s.prepared, tie_tol=s.tie_tol)
+                               prepared=s.prepared, tie_tol=s.tie_tol, trust_remote_code=s.trust_remote_code)
     results["settings"].update(benchmark=s.benchmark, turns=s.turns, verifier=str(verifier))
     if s.out:
         with claimed_output(s.out, *_OUTPUT, _offline_results):

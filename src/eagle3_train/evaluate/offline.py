@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.tokenizer import load_tokenizer
 from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.data.chat_mask import end_of_turn_token_id, find_all, user_turn_delimiters
 from eagle3_train.evaluate.prompts import EvalPrompt
@@ -403,12 +404,15 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
 
 
 # --- the evaluation ---------------------------------------------------------------------------------------------
-def load_verifier(verifier: str | Path | Verifier, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_verifier(verifier: str | Path | Verifier, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                  trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_train.assets.verifier import from_pretrained
 
     vdir = as_verifier(verifier).path
-    tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(vdir, dtype=dtype, trust_remote_code=False).to(device).eval()
+    tokenizer = load_tokenizer(vdir, trust_remote_code)
+    model = from_pretrained(AutoModelForCausalLM, vdir, trust_remote_code, dtype=dtype).to(device).eval()
     return vdir, tokenizer, model
 
 
@@ -419,7 +423,8 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
                      max_new_tokens: int = _D.max_new_tokens, device: str = _D.device,
                      dtype: torch.dtype = getattr(torch, _D.dtype), check_greedy: bool = _D.check_greedy,
                      prepared: str | Path | None = _D.prepared, tie_tol: float = _D.tie_tol,
-                     record_rounds: bool = False, verifier_model=None, tokenizer=None) -> dict[str, Any]:
+                     record_rounds: bool = False, verifier_model=None, tokenizer=None,
+                     trust_remote_code: bool = _D.trust_remote_code) -> dict[str, Any]:
     """Acceptance of `draft` for `verifier` on `prompts` by chain speculative decoding (see the module docstring).
 
     `draft`: a checkpoint/run dir, an exported dir (EAGLE or speculators format) or a ready Eagle3Draft (used as is,
@@ -432,13 +437,11 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
     if not prompts:
         raise Eagle3InputError("no prompts to evaluate")
     if verifier_model is None:
-        vdir, tokenizer, verifier_model = load_verifier(verifier, device, dtype)
+        vdir, tokenizer, verifier_model = load_verifier(verifier, device, dtype, trust_remote_code)
     else:
         vdir = Path(verifier)
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(vdir, trust_remote_code=False)
+            tokenizer = load_tokenizer(vdir, trust_remote_code)
     if isinstance(draft, Eagle3Draft):
         _check_fits(draft, verifier_model)
         draft_info: dict[str, Any] = {"path": None, "format": "module", "metadata": None, "notes": []}

@@ -178,6 +178,10 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
     msgs, reason = _normalize(messages)
     if reason:
         return None, {"id": conv_id, "reason": reason, "detail": ""}
+    if any(m["role"] == "tool" or m.get("tool_calls") for m in msgs):
+        # a regenerated call would not match the recorded tool results; counted, never sent half-rewritten
+        return None, {"id": conv_id, "reason": "tool_calls_not_regenerated",
+                      "detail": "agentic traces are not regenerated yet: prepare them as given"}
     extra = {"chat_template_kwargs": {"enable_thinking": False}} if sampling.reasoning == "disable" else None
     out: list[dict[str, str]] = []
     turns: list[dict[str, Any]] = []
