@@ -175,3 +175,46 @@ def kimi_train_config(paths: dict, out: Path, **kw) -> TrainConfig:
                 out=str(out), ttt_steps=7, token_budget=4096, tensorboard=False)
     base.update(kw)
     return TrainConfig(**base)
+
+
+def write_kimi_k25_verifier(d: Path, final_norm: torch.Tensor | None = None) -> Path:
+    """Kimi-K2.5's checkpoint layout, header-only: the multimodal wrapper `KimiK25ForConditionalGeneration` with the
+    DeepSeek-V3 language model in `text_config`, `language_model.`-prefixed names, INT4 compressed-tensors experts
+    (`weight_packed` int32, `weight_scale`, `weight_shape`), a vision tower, and three shards named by an index (the
+    final norm alone in the last one, as in a real checkpoint where a stage must fetch just that file)."""
+    from eagle3_train.train.dry_run import write_header_only_safetensors
+
+    d.mkdir(parents=True, exist_ok=True)
+    text = {**KIMI_K2_CONFIG, "model_type": "deepseek_v3", "architectures": None,
+            "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                    "config_groups": {"group_0": {"targets": ["Linear"],
+                                                                  "weights": {"num_bits": 4, "group_size": 32}}},
+                                    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"]}}
+    text.pop("auto_map")
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+                           "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+              "text_config": text, "vision_config": {"model_type": "moonvit", "hidden_size": 1152,
+                                                     "num_hidden_layers": 27},
+              "media_placeholder_token_id": 163605, "torch_dtype": "bfloat16"}
+    (d / "config.json").write_text(json.dumps(config, indent=2))
+    lm = "language_model.model"
+    bf16, i32 = torch.bfloat16, torch.int32
+    shards = {
+        "model-00001-of-00003.safetensors": {
+            f"{lm}.embed_tokens.weight": ((V, H), bf16), "vision_tower.encoder.blocks.0.attn.qkv.weight":
+            ((3 * 1152, 1152), bf16), "mm_projector.proj.0.weight": ((H, 4 * 1152), bf16)},
+        "model-00002-of-00003.safetensors": {
+            f"{lm}.layers.1.mlp.experts.0.gate_proj.weight_packed": ((2048, H // 8), i32),
+            f"{lm}.layers.1.mlp.experts.0.gate_proj.weight_scale": ((2048, H // 32), bf16),
+            f"{lm}.layers.1.mlp.experts.0.gate_proj.weight_shape": ((2,), i32),
+            f"{lm}.layers.1.self_attn.kv_a_proj_with_mqa.weight": ((576, H), bf16),
+            "language_model.lm_head.weight": ((V, H), bf16)},
+        "model-00003-of-00003.safetensors": {f"{lm}.norm.weight": ((H,), bf16)}}
+    real = {f"{lm}.norm.weight": final_norm} if final_norm is not None else {}
+    weight_map = {}
+    for name, specs in shards.items():
+        write_header_only_safetensors(d / name, specs, {k: v for k, v in real.items() if k in specs})
+        weight_map.update(dict.fromkeys(specs, name))
+    write_json(d / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    return d

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 METADATA_FILE = "training_metadata.dry-run.json"
 EXPORTS_DIR = "dry-run-exports"
-_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64", torch.bool: "BOOL"}
+_ST = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64", torch.int32: "I32",
+       torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.bool: "BOOL"}
 _ENGINE_KEYS = {  # config keys each format must carry for the engines' loaders
     "eagle": ("architectures", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
               "num_hidden_layers", "vocab_size", "draft_vocab_size", "rms_norm_eps", "tie_word_embeddings"),
@@ -118,7 +119,7 @@ def write_header_only_safetensors(path: Path, specs: dict[str, tuple[tuple[int, 
     offset, chunks = 0, []
     for name, (shape, dtype) in specs.items():
         if name in real:
-            data = real[name].to(dtype).contiguous().numpy().tobytes()
+            data = real[name].to(dtype).contiguous().view(torch.uint8).numpy().tobytes()  # bf16: no numpy dtype
             chunks.append((offset, data))
             n = len(data)
         else:
