@@ -11,8 +11,19 @@ import json
 
 import pytest
 import torch
-from kimi_layouts import HEAD_DIM, LAYERS, SGLANG_IDS, VD, H, L, V, kimi_train_config, write_aq_medai_draft
-from kimi_layouts import write_kimi_k25_verifier, write_run_inputs
+from kimi_layouts import (
+    HEAD_DIM,
+    LAYERS,
+    SGLANG_IDS,
+    VD,
+    H,
+    L,
+    V,
+    kimi_train_config,
+    write_aq_medai_draft,
+    write_kimi_k25_verifier,
+    write_run_inputs,
+)
 
 from eagle3_train.assets.families import family_of, text_config
 from eagle3_train.assets.verifier import verifier_identity
