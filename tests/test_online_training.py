@@ -17,6 +17,7 @@ from eagle3_train.hidden_states.extract import extract
 from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
 from eagle3_train.serving.vllm_server import hidden_states_server
 from eagle3_train.train.trainer import train
+from eagle3_train.utils.io import Eagle3InputError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -145,3 +146,21 @@ def test_a_sample_the_server_cannot_serve_is_skipped_and_counted(stages, server,
         assert batch is not None and batch.aux.shape[0] == 2
     finally:
         data.close()
+
+
+@pytest.mark.parametrize("mode", ["online", "hybrid"])
+def test_dry_run_asks_the_servers_and_stores_nothing(stages, server, tmp_path, mode):
+    from eagle3_train.train.dry_run import dry_run
+
+    cfg = served(stages, tmp_path / "train", server, mode)
+    report = dry_run(cfg)
+    assert any(c.startswith(f"servers {server.base_url}: answered") for c in report["checked"])
+    assert any(f"from the servers ({mode} mode)" in c for c in report["checked"])
+    assert report["data"]["train"]["samples"] > 0 and report["data"]["train"]["total_steps"] == STEPS
+    assert not (tmp_path / "train" / "hidden_states").exists()  # hybrid: the store is the run's, not the dry run's
+    assert not any(server.hidden_states_dir.iterdir())
+    # a server that does not answer fails the dry run as it would fail the run
+    down = served(stages, tmp_path / "down", server, mode)
+    down.endpoint = ["http://127.0.0.1:9/v1"]
+    with pytest.raises(Eagle3InputError, match="cannot list the models of http://127.0.0.1:9/v1"):
+        dry_run(down)

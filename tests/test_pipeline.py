@@ -183,3 +183,33 @@ def test_the_train_stage_runs_data_parallel_under_torchrun(tiny_stages, tmp_path
     cfg = train_config(root, tmp_path / "train", max_steps=2, tensorboard=False)
     r = train_under_torchrun(cfg, 2, tmp_path / "train-launch.yaml")
     assert r["step"] == 2 and r["world_size"] == 2 and r["validation"] and (tmp_path / "train" / "final").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_dir, capsys):
+    from vllm_helpers import require_vllm
+
+    require_vllm()
+    verifier = tiny_llama_dir(initializer_range=0.5)
+    config = {
+        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
+        "prepare": {"data": "sharegpt", "limit": 8, "max_length": 96, "val_fraction": 0.25},
+        "vocab": {"size": 256}, "extract": {"backend": "vllm", "dtype": "bfloat16"},
+        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False},
+        "export": {"formats": ["eagle"]}, "evaluate": {"vllm": False, "offline": False},
+        "serving": {"max_model_len": 512},
+    }
+    Pipeline(config).dry_run()
+    assert "extract: states from a vLLM hidden-state server the run starts here" in capsys.readouterr().out
+    Pipeline(config).run()
+    run = tmp_path / "run"
+    manifest = json.loads((run / "hidden_states" / "manifest.json").read_text())
+    assert manifest["backend"] == "vllm" and manifest["status"] == "complete"
+    assert (run / "train" / "final").is_dir() and (run / "vllm-extract.log").is_file()
+    assert not any((run / "hidden-states-transfer").iterdir())  # every file read and removed
+    # the endpoints of a running server are transport, not content: naming one does not redo the stage...
+    served = {**config["extract"], "endpoint": ["http://127.0.0.1:9/v1"], "concurrency": 2}
+    assert Pipeline(config | {"extract": served}).plan()["extract"][0] == "done (skipped)"
+    # ...while what is stored is: another dtype redoes it
+    assert "would run again" in Pipeline(config | {"extract": {**served, "dtype": "float32"}}).plan()["extract"][0]

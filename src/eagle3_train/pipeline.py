@@ -171,6 +171,7 @@ class Pipeline:
         steps = self.plan(ctx)
         lines = [f"run --dry-run: config valid, verifier {ctx.verifier_dir}"]
         lines += [f"  {name}: {status} -> {where}" for name, (status, where) in steps.items()]
+        lines += self._server_checks(ctx)
         plan = {name: status for name, (status, _) in steps.items()}
         done = {name: plan[name].startswith("done") for name in ("prepare", "vocab", "extract")}
         report: dict[str, Any] = {"stages_done": done, "plan": plan}
@@ -183,6 +184,31 @@ class Pipeline:
                          "`eagle3-train train --dry-run` on existing outputs), export, evaluate")
         print("\n".join(lines))
         return report
+
+    def _server_checks(self, ctx: RunContext) -> list[str]:
+        """Where the hidden states come from, checked before a run that would otherwise fail after hours: the given
+        servers answer, or the vLLM environment that the run would start one with exists."""
+        ext = ctx.cfg["extract"]
+        if ext.get("backend") != "vllm":
+            return [f"  extract: the verifier runs here (HF backend, device {ext.get('device')})"]
+        if ext.get("endpoint"):
+            from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+
+            client = VLLMHiddenStates(ext["endpoint"], ctx.verifier_dir, [0], torch_dtype(ext["dtype"]),
+                                      model=ext.get("model"), hidden_states_dir=ext.get("hidden_states_dir"))
+            try:
+                servers = client.open()  # raises, naming the endpoint, when one does not answer
+            finally:
+                client.close()
+            return [f"  extract: states from the vLLM servers {ext['endpoint']}: answered (model {servers['model']}, "
+                    f"vLLM {servers['vllm_version']})"]
+        from eagle3_train.serving.vllm_server import vllm_available
+
+        ok, message = vllm_available()
+        if not ok:
+            raise Eagle3InputError(f"extract.backend is vllm without endpoints, so the run would start a "
+                                   f"hidden-state server here, but {message}")
+        return ["  extract: states from a vLLM hidden-state server the run starts here (serving section)"]
 
     def plan(self, ctx: RunContext | None = None) -> dict[str, tuple[str, str]]:
         """{stage instance: (what `run` would do with it, its output under run_dir)}, computed as `run` decides but
@@ -335,16 +361,40 @@ def _vocab_run(ctx: RunContext, _v: str | None) -> Any:
                                       **ctx.cfg["vocab"]))
 
 
+# How extract reaches its servers (not what it stores): left out of the stage's key.
+_EXTRACT_TRANSPORT = ("endpoint", "model", "concurrency", "hidden_states_dir")
+
+
 def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
-    return {**ctx.cfg["extract"], "prepared": ctx.keys["prepare"], "verifier": ctx.verifier_key}
+    key = {**_section(ctx, "extract", *_EXTRACT_TRANSPORT), "prepared": ctx.keys["prepare"],
+           "verifier": ctx.verifier_key}
+    return key | (_with_serving(ctx) if ctx.cfg["extract"].get("backend") == "vllm" else {})
 
 
 def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.hidden_states.extract import extract
 
     restart = ctx.pipeline._restarts("extract", ctx.keys["extract"])  # else: resume an interrupted extraction
-    return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, ctx.run_dir / "hidden_states",
-                                    **ctx.cfg["extract"], trust_remote_code=ctx.trust_remote_code, overwrite=restart))
+    cfg = _section(ctx, "extract", *_EXTRACT_TRANSPORT)
+    out = ctx.run_dir / "hidden_states"
+    kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
+    ext = ctx.cfg["extract"]
+    if cfg.get("backend") != "vllm":
+        return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, out, **cfg, **kw))
+    options = {k: ext[k] for k in ("model", "concurrency", "hidden_states_dir") if ext.get(k) is not None}
+    if ext.get("endpoint"):  # the user's servers (a multi-GPU verifier): their storage dir is given
+        return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, out, **cfg, **kw,
+                                        endpoints=ext["endpoint"], vllm_options=options))
+    # no endpoint: serve the verifier here for the stage's duration, as generate does
+    from eagle3_train.serving.vllm_server import hidden_states_server
+
+    server = hidden_states_server(ctx.verifier_dir, cfg.get("layer_ids"), ctx.run_dir / "hidden-states-transfer",
+                                  trust_remote_code=ctx.trust_remote_code, log_path=ctx.run_dir / "vllm-extract.log",
+                                  **ctx.serving())
+    with server:
+        options.update(model=server.model_name, hidden_states_dir=str(server.hidden_states_dir))
+        return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, out, **cfg, **kw,
+                                        endpoints=[server.base_url], vllm_options=options))
 
 
 def _train_values(ctx: RunContext) -> dict[str, Any]:
@@ -476,7 +526,14 @@ def _vocab_summary(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _extract_summary(m: dict[str, Any]) -> dict[str, Any]:
-    return {"counts": m.get("counts"), "throughput": m.get("throughput"), "layer_ids": m.get("layer_ids")}
+    return {"counts": m.get("counts"), "throughput": m.get("throughput"), "layer_ids": m.get("layer_ids"),
+            "backend": m.get("backend")}
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return torch.bfloat16 if name == "float8_e4m3" else getattr(torch, name)
 
 
 def format_summary(s: dict[str, Any]) -> str:

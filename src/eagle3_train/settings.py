@@ -179,14 +179,13 @@ class ExtractSettings:
                                         "all weights: ~1 TB for Kimi-K2); default: config, weight index and file "
                                         "sizes identify the verifier")
     backend: ExtractBackend = setting("hf", "hf: run the verifier here; vllm: ask hidden-state servers (--endpoint, "
-                                            "`eagle3-train serve --extract-hidden-states`)", yaml=False)
+                                            "`eagle3-train serve --extract-hidden-states`; in a run config without "
+                                            "endpoints the pipeline starts one with the serving section)")
     endpoint: list[str] = setting(default_factory=list, help="hidden-state server URL ending in /v1 (repeat for "
-                                  "several servers); --backend vllm", yaml=False)
-    model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)",
-                                yaml=False)
-    concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", yaml=False,
-                               valid=">= 1")
-    hidden_states_dir: str | None = setting(None, HS_DIR_HELP + " (--backend vllm)", yaml=False)
+                                  "several servers); --backend vllm")
+    model: str | None = setting(None, "served model name (default: the only model the first endpoint serves)")
+    concurrency: int = setting(CONCURRENCY, "requests in flight over all endpoints (--backend vllm)", valid=">= 1")
+    hidden_states_dir: str | None = setting(None, HS_DIR_HELP + " (--backend vllm)")
     trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
 
 

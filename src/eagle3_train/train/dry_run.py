@@ -221,10 +221,14 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
 # --- the dry run ----------------------------------------------------------------------------------------------------
 def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_size: int,
                 checked: list[str], not_checked: list[str]) -> dict[str, Any]:
+    """Stored states: every shard's header. Online/hybrid: the servers, asked who they are and what they capture
+    (the run's first request would fail the same way), never for states."""
     splits: dict[str, Any] = {}
+    served = cfg.hidden_states_mode != "offline"
     for split in ("train", "validation"):
         try:
-            data = TrainingSamples(cfg.prepared, cfg.hidden_states, split)
+            data = _served_samples(cfg, inputs, split, checked) if served else \
+                TrainingSamples(cfg.prepared, cfg.hidden_states, split)
         except Eagle3InputError as e:
             if split == "train":
                 raise
@@ -232,19 +236,7 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
             continue
         if split == "train" and len(data) == 0:
             raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
-        reader = data.source.reader  # a StoredSource: the dry run checks stored shards
-        widths = set()
-        for entry in reader.index.get("shards", []):
-            from safetensors import safe_open
-
-            with safe_open(str(reader.dir / split / entry["file"]), "pt") as f:
-                widths.add((tuple(f.get_slice("aux").get_shape()[1:]), tuple(f.get_slice("final").get_shape()[1:]),
-                            f.get_slice("aux").get_dtype()))
-        for aux_w, final_w, _ in widths:
-            if aux_w != (3 * H,) or final_w != (H,):
-                raise Eagle3InputError(f"hidden states in {cfg.hidden_states}/{split}: shards hold aux {list(aux_w)} "
-                                       f"and final {list(final_w)} per token, but verifier {inputs.verifier_name} "
-                                       f"needs {[3 * H]} and {[H]}")
+        widths = set() if served else _shard_widths(data, split, cfg, inputs, H)
         longest = max(data.lengths, default=0)
         if longest > max_pos:
             raise Eagle3InputError(f"{split}: a sample has {longest} tokens, more than the draft's "
@@ -252,9 +244,10 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
         top = max((max(ids) for ids in data.input_ids if ids), default=-1)
         if top >= V:
             raise Eagle3InputError(f"{split}: token id {top} is outside the verifier's vocabulary of {V}")
+        complete = True if served else data.source.reader.complete
         splits[split] = {"samples": len(data), "tokens": sum(data.lengths), "longest": longest,
-                         "shard_dtypes": sorted({w[2] for w in widths}), "complete": reader.complete}
-        if not reader.complete:
+                         "shard_dtypes": sorted({w[2] for w in widths}), "complete": complete}
+        if not complete:
             not_checked.append(f"{split}: the hidden states are incomplete (extract still running?)")
         if split == "train":
             micro = cfg.grad_accum * world_size
@@ -262,11 +255,46 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
             steps = max(1, n_batches // micro)
             splits[split].update({"batches_per_epoch": n_batches, "steps_per_epoch": steps,
                                   "total_steps": cfg.max_steps or max(1, math.ceil(cfg.epochs * steps))})
-    checked.append(f"data: prepared manifest, hidden-states manifest (prepared sha256, verifier, layer_ids "
-                   f"{list(inputs.layer_ids)}), every shard header (aux 3x{H}, final {H}), token ids < {V}, lengths "
-                   f"<= {max_pos}: " + ", ".join(f"{k} {v['samples']} samples / {v['tokens']} tokens"
-                                                 for k, v in splits.items()))
+        data.close()
+    where = (f"hidden states from the servers ({cfg.hidden_states_mode} mode)" if served else
+             f"hidden-states manifest (prepared sha256, verifier, layer_ids {list(inputs.layer_ids)}), every shard "
+             f"header (aux 3x{H}, final {H})")
+    checked.append(f"data: prepared manifest, {where}, token ids < {V}, lengths <= {max_pos}: "
+                   + ", ".join(f"{k} {v['samples']} samples / {v['tokens']} tokens" for k, v in splits.items()))
+    if served:
+        not_checked.append("the servers' states themselves and their throughput (the run requests them; "
+                           "`eagle3-train extract --backend vllm --max-samples N` measures it)")
     return splits
+
+
+def _served_samples(cfg: TrainConfig, inputs, split: str, checked: list[str]) -> TrainingSamples:
+    """The split read from the servers as an online run would: opening the source asks every endpoint for its
+    model, vLLM version and captured layers and refuses a mismatch. Nothing is stored, even in hybrid mode."""
+    from dataclasses import replace
+
+    from eagle3_train.train.data import open_samples
+
+    data = open_samples(replace(cfg, hidden_states_mode="online"), inputs, split)
+    if split == "train":
+        checked.append(f"servers {', '.join(cfg.endpoint)}: answered, identity {data.source.identity()}")
+    return data
+
+
+def _shard_widths(data: TrainingSamples, split: str, cfg: TrainConfig, inputs, H: int) -> set:
+    from safetensors import safe_open
+
+    reader = data.source.reader  # a StoredSource: the dry run checks stored shards
+    widths = set()
+    for entry in reader.index.get("shards", []):
+        with safe_open(str(reader.dir / split / entry["file"]), "pt") as f:
+            widths.add((tuple(f.get_slice("aux").get_shape()[1:]), tuple(f.get_slice("final").get_shape()[1:]),
+                        f.get_slice("aux").get_dtype()))
+    for aux_w, final_w, _ in widths:
+        if aux_w != (3 * H,) or final_w != (H,):
+            raise Eagle3InputError(f"hidden states in {cfg.hidden_states}/{split}: shards hold aux {list(aux_w)} "
+                                   f"and final {list(final_w)} per token, but verifier {inputs.verifier_name} "
+                                   f"needs {[3 * H]} and {[H]}")
+    return widths
 
 
 def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[str]):

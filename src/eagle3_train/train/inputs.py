@@ -88,7 +88,7 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
 
     mode = getattr(cfg, "hidden_states_mode", "offline")
     if mode != "offline":
-        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha)
+        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, head_shapes_only)
     hidden = Path(cfg.hidden_states)
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
@@ -114,7 +114,8 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
                      logit_transform(verifier_dir, read_bias=not head_shapes_only))
 
 
-def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str) -> RunInputs:
+def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str,
+                   head_shapes_only: bool = False) -> RunInputs:
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
     from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
@@ -125,7 +126,10 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
         prepared_manifest.get("verifier"), f"the prepared data {prepared}")
     verifier_name, verifier_dir, identity = verifier.name, verifier.path, verifier.identity()
-    embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    if head_shapes_only:
+        embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
+    else:
+        embed, lm_head, vcfg = load_verifier_head(verifier_dir)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                f"verifier {verifier_name}")
