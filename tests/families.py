@@ -3,7 +3,9 @@ classes at small width, with everything the architecture has that our stages mus
 split rope/nope heads, YaRN, MoE with shared and routed experts and dense first layers, grouped top-k routing), the
 SmolLM2 tokenizer and chat template, and config.json as vLLM reads it.
 
-`python tests/families.py FAMILY OUT` writes one (the README's Kimi walk-through uses the DeepSeek-V3 one).
+`python tests/families.py FAMILY OUT` writes one; `python tests/families.py kimi OUT` writes the simulated Kimi
+verifier (the DeepSeek-V3 one with the Kimi-style tiktoken tokenizer of tests/kimi_tokenizer.py) that
+scripts/kimi_rehearsal.sh walks the README's Kimi section on.
 
 DeepSeek-V3 at tiny width keeps what vLLM's CPU MLA kernel requires (latent kv_lora_rank 512 + qk_rope_head_dim 64 =
 576) and the routing fields real DeepSeek-V3/Kimi-K2 configs carry (`topk_method: noaux_tc`, `scoring_func: sigmoid`:
@@ -81,11 +83,26 @@ def build_tiny_verifier(family: str, out: Path, tokenizer_dir: Path, seed: int =
     return out
 
 
+def build_simulated_kimi(out: Path, tokenizer_dir: Path) -> Path:
+    """Kimi-K2's architecture at tiny width with a Kimi-style remote-code tiktoken tokenizer."""
+    from kimi_tokenizer import build_kimi_tokenizer
+
+    build_tiny_verifier("deepseek_v3", out, tokenizer_dir)
+    build_kimi_tokenizer(out, tokenizer_dir / "tokenizer.json", vocab_size=VOCAB)
+    config = json.loads((out / "config.json").read_text())
+    config.update(bos_token_id=48896, eos_token_id=48898)  # [BOS]; <|im_end|> ends a turn
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit(f"usage: python tests/families.py {{{','.join(FAMILY_NAMES)}}} OUT")
+    if len(sys.argv) != 3 or sys.argv[1] not in (*FAMILY_NAMES, "kimi"):
+        sys.exit(f"usage: python tests/families.py {{{','.join(FAMILY_NAMES)},kimi}} OUT")
+    sys.path.insert(0, str(Path(__file__).parent))
     from eagle3_train.assets.verifier import resolve_verifier
 
     target = Path(sys.argv[2])
     target.mkdir(parents=True, exist_ok=True)
-    print(build_tiny_verifier(sys.argv[1], target, resolve_verifier("smollm2-135m-instruct")))
+    smollm2 = resolve_verifier("smollm2-135m-instruct")
+    print(build_simulated_kimi(target, smollm2) if sys.argv[1] == "kimi" else
+          build_tiny_verifier(sys.argv[1], target, smollm2))

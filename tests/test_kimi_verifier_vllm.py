@@ -13,8 +13,7 @@ import urllib.request
 
 import pytest
 import torch
-from families import build_tiny_verifier
-from kimi_tokenizer import build_kimi_tokenizer
+from families import build_simulated_kimi
 from test_kimi_tokenizer import CONVERSATION
 from vllm_helpers import require_vllm
 
@@ -49,11 +48,7 @@ def as_vllm_message(m: dict) -> dict:
 def kimi(tmp_path_factory, smollm2_dir):
     require_vllm()
     root = tmp_path_factory.mktemp("kimi-run")
-    verifier = build_tiny_verifier("deepseek_v3", root / "Kimi-sim", smollm2_dir)
-    build_kimi_tokenizer(verifier, smollm2_dir / "tokenizer.json", vocab_size=49152)
-    config = json.loads((verifier / "config.json").read_text())
-    config.update(bos_token_id=48896, eos_token_id=48898)  # [BOS]; <|im_end|> ends a turn
-    (verifier / "config.json").write_text(json.dumps(config, indent=2))
+    verifier = build_simulated_kimi(root / "Kimi-sim", smollm2_dir)
     data = root / "agentic.jsonl"
     data.write_text(json.dumps(CONVERSATION) + "\n")
     with VLLMServer(verifier, trust_remote_code=True, startup_matters=True, log_path=root / "vllm.log") as srv:

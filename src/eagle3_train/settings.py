@@ -296,6 +296,7 @@ class ServedEvalSettings(_SamplingSettings, _PromptSettings):
     max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",), valid=">= 1")
     concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
     out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
+    trust_remote_code: bool = setting(False, TRUST_HELP + " (the servers started with --draft)")
 
 
 @dataclass

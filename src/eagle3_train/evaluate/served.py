@@ -250,7 +250,7 @@ def _run_served(s: ServedEvalSettings) -> dict[str, Any]:
             logs = Path(s.out) if s.out else None
             # A short measurement: on CPU an eager server (auto) starts minutes sooner than a compiled one.
             opts = dict(enforce_eager=s.enforce_eager, max_model_len=s.max_model_len, dtype=s.server_dtype,
-                        vllm_args=s.vllm_args, startup_matters=True)
+                        vllm_args=s.vllm_args, startup_matters=True, trust_remote_code=s.trust_remote_code)
             spec = stack.enter_context(VLLMServer(
                 verifier, speculative=speculative_config(s.draft, s.k), **opts,
                 log_path=logs / "vllm-draft.log" if logs else None))
