@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eagle3_train.model.draft import ttt_attention
+from eagle3_train.model.attention import ttt_attention
 
 B, H, KVH, L, D, STEPS = 4, 9, 3, 512, 64, 7
 

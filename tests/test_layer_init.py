@@ -9,7 +9,7 @@ import torch
 from stage_helpers import train_config
 from transformers import LlamaForCausalLM
 
-from eagle3_train.model.draft import LayerTTTCache
+from eagle3_train.model.attention import LayerTTTCache
 from eagle3_train.train.build import build_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.trainer import train

@@ -19,6 +19,9 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
+_MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 @dataclass
 class DraftConfig:
     hidden_size: int
@@ -43,6 +46,14 @@ class DraftConfig:
     fc_norm: bool = False  # one RMSNorm per aux state (fc_norm.{i})
     norm_output: bool = False  # next step receives the post-norm hidden state
     verifier: dict[str, Any] = field(default_factory=dict)  # name_or_path, architectures, model_type
+    # The decoder layer: "llama" (grouped-query attention) or "mla" (DeepSeek-V3's multi-head latent attention, as
+    # vLLM's deepseek_eagle3.py runs it; the five dims below, q_lora_rank None = a plain q_proj).
+    architecture: str = "llama"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
 
     @property
     def aux_hidden_size(self) -> int:
@@ -59,6 +70,12 @@ class DraftConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise Eagle3InputError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                                    f"num_key_value_heads {self.num_key_value_heads}")
+        if self.architecture not in ("llama", "mla"):
+            raise Eagle3InputError(f"draft architecture must be llama or mla, got {self.architecture!r}")
+        if self.architecture == "mla" and not all((self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim,
+                                                    self.qk_nope_head_dim is not None)):
+            raise Eagle3InputError("an mla draft needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and "
+                                   "v_head_dim (from an MLA verifier's config, or given)")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise Eagle3InputError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
 
@@ -94,6 +111,8 @@ class DraftConfig:
             verifier={"architectures": verifier_config.get("architectures"),
                       "model_type": verifier_config.get("model_type")},
         )
+        if overrides.get("architecture") == "mla":  # the latent dims default to the verifier's own MLA
+            kw.update({k: c.get(k) for k in _MLA_DIMS if c.get(k) is not None})
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
 

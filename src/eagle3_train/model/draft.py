@@ -1,5 +1,7 @@
-"""The EAGLE-3 draft network: fc over three verifier hidden states, one (or more) Llama decoder layer(s) whose first
-attention reads cat(norm(embedding), norm(hidden)), a final norm and an lm_head over the draft vocabulary.
+"""The EAGLE-3 draft network: fc over three verifier hidden states, one (or more) decoder layer(s) whose first
+attention reads cat(norm(embedding), norm(hidden)), a final norm and an lm_head over the draft vocabulary. The layer's
+attention is Llama's (`DraftAttention`) or DeepSeek's MLA (`model/mla.py`), chosen by `DraftConfig.architecture`;
+both share the TTT and KV-cache paths of `TTTAttention`.
 
 Parameter names follow the speculators layout (`layers.0.*`); the exporter renames to `midlayer.*` for the EAGLE/SGLang
 format. Two forward paths share the weights:
@@ -9,10 +11,7 @@ format. Two forward paths share the weights:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 from transformers.models.llama.modeling_llama import (
@@ -23,7 +22,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from eagle3_train.model.config import DraftConfig, default_ttt_query_block
+from eagle3_train.model.attention import LayerTTTCache, TTTAttention
+from eagle3_train.model.config import DraftConfig
 
 
 def llama_config(cfg: DraftConfig) -> LlamaConfig:
@@ -38,43 +38,8 @@ def llama_config(cfg: DraftConfig) -> LlamaConfig:
     )
 
 
-@dataclass
-class LayerTTTCache:
-    """Keys/values of one layer during training-time test: the step-0 sequence and one per later step."""
-    k0: torch.Tensor | None = None  # [B, kvh, L, d]
-    v0: torch.Tensor | None = None
-    k_diag: list[torch.Tensor] = field(default_factory=list)  # each [B, kvh, L, d]
-    v_diag: list[torch.Tensor] = field(default_factory=list)
-
-
-def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, k_diag: list[torch.Tensor],
-                  v_diag: list[torch.Tensor], query_block: int | None = None) -> torch.Tensor:
-    """Attention of TTT step j = len(k_diag) >= 1: queries q [B, h, L, d] see the step-0 keys k0 [B, kvh, L, d]
-    causally plus, per later step, the key at their own position (k_diag[i] [B, kvh, L, d]).
-
-    Fused SDPA calls over concatenated keys with a block mask [causal | I | ... | I]: the CPU flash kernel keeps no
-    L x L probability matrix for backward, unlike an explicit softmax. A mask stops the kernel from skipping the causal
-    upper triangle, and one call over all L queries scores L x L(j+1) keys, most of them masked; so the queries go in
-    blocks (`query_block`, default L/4 and at least 128), each against the prefix up to its end and its own rows'
-    diagonal keys: ~L^2 (5/8 + j/4) scores with 4 blocks instead of L^2 (j+1), 3x less at TTT 7. Each block keeps its
-    own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks would save little
-    more time for more memory (benchmarks/README.md, `ttt_attention_memory.py`)."""
-    L = q.shape[2]
-    block = query_block or default_ttt_query_block(L)
-    outs = []
-    for s in range(0, L, block):
-        e = min(s + block, L)
-        keys = torch.cat([k0[:, :, :e], *(kd[:, :, s:e] for kd in k_diag)], dim=2)
-        values = torch.cat([v0[:, :, :e], *(vd[:, :, s:e] for vd in v_diag)], dim=2)
-        causal = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
-        eye = torch.eye(e - s, dtype=torch.bool, device=q.device)
-        mask = torch.cat([causal] + [eye] * len(k_diag), dim=1)
-        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=mask, enable_gqa=True))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
-class DraftAttention(nn.Module):
-    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0 (`ttt_attention`)
+class DraftAttention(TTTAttention):
+    """Llama's grouped-query attention (q/k/v/o projections, RoPE over the whole head)."""
 
     def __init__(self, cfg: DraftConfig, in_features: int):
         super().__init__()
@@ -96,25 +61,23 @@ class DraftAttention(nn.Module):
         B, _, L, _ = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
 
-    def ttt(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerTTTCache) -> torch.Tensor:
-        q, k, v = self._qkv(x, cos, sin)
-        if cache.k0 is None:  # step 0: plain causal attention (right padding never leaks into valid queries)
-            cache.k0, cache.v0 = k, v
-            return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
-        cache.k_diag.append(k)
-        cache.v_diag.append(v)
-        return self._out(ttt_attention(q, cache.k0, cache.v0, cache.k_diag, cache.v_diag, self.ttt_query_block))
 
-    def cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """New tokens attend to the cache and causally among themselves (batch size 1 decoding)."""
-        q, k, v = self._qkv(x, cos, sin)
-        if kv is not None:
-            k, v = torch.cat([kv[0], k], dim=2), torch.cat([kv[1], v], dim=2)
-        Lq, Lk = q.shape[2], k.shape[2]
-        mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(diagonal=Lk - Lq)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return self._out(o), (k, v)
+def attention_for(cfg: DraftConfig, in_features: int) -> TTTAttention:
+    """The attention of the draft's layer kind (`cfg.architecture`)."""
+    if cfg.architecture == "mla":
+        from eagle3_train.model.mla import MLAAttention
+
+        return MLAAttention(cfg, in_features)
+    return DraftAttention(cfg, in_features)
+
+
+def rotary_for(cfg: DraftConfig) -> nn.Module:
+    """cos/sin of the layer kind's RoPE: Llama's over the head, DeepSeek's (YaRN) over the rope part of MLA heads."""
+    if cfg.architecture == "mla":
+        from eagle3_train.model.mla import mla_rotary
+
+        return mla_rotary(cfg)
+    return LlamaRotaryEmbedding(llama_config(cfg))
 
 
 class DraftDecoderLayer(nn.Module):
@@ -126,7 +89,7 @@ class DraftDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         if first:
             self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg, 2 * H if first else H)
+        self.self_attn = attention_for(cfg, 2 * H if first else H)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(llama_config(cfg))
 
@@ -173,7 +136,7 @@ class Eagle3Draft(nn.Module):
         self.layers = nn.ModuleList(DraftDecoderLayer(cfg, first=(i == 0)) for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
-        self.rotary = LlamaRotaryEmbedding(llama_config(cfg))
+        self.rotary = rotary_for(cfg)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.reset_parameters()
