@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ttt import STEPS, V, VD, reference_sums, tiny_batch
+from test_ttt import STEPS, VD, V, reference_sums, tiny_batch
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
 from eagle3_train.model.config import DraftConfig
