@@ -13,7 +13,7 @@ KIMI="$W/Kimi-sim"
 [ -f "$KIMI/config.json" ] || $PY tests/families.py kimi "$KIMI"
 
 # 1. the verifier served by vLLM regenerates the answers (on a GPU host: vllm serve moonshotai/Kimi-K2.5 ...)
-$E3 serve --verifier "$KIMI" --trust-remote-code --port 8431 --log "$W/vllm-generate.log" & SERVER=$!
+$E3 serve --verifier "$KIMI" --trust-remote-code --enforce-eager --port 8431 --log "$W/vllm-generate.log" & SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 until curl -sf localhost:8431/health >/dev/null; do sleep 2; kill -0 $SERVER; done
 $E3 generate --data sharegpt --limit 120 --set max_turns=1 --endpoint http://127.0.0.1:8431/v1 \

@@ -218,3 +218,42 @@ def write_kimi_k25_verifier(d: Path, final_norm: torch.Tensor | None = None) -> 
         weight_map.update(dict.fromkeys(specs, name))
     write_json(d / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
     return d
+
+
+# An MLA EAGLE-3 draft for Kimi-K2.5 as published (k-l-lambda/Kimi-K2.5-Eagle3's config: kimi_k2 model type, the
+# verifier's MLA dims, a dense MLP, SGLang-style nested aux ids; lightseekorg's kimi-k2.5-eagle3-mla is the same
+# layer): HF DeepseekV3Attention's tensor names under `midlayer.`.
+MLA_Q_LORA, MLA_KV_LORA, MLA_NOPE, MLA_ROPE, MLA_V = 1536, 512, 128, 64, 128
+KIMI_MLA_DRAFT_CONFIG = {
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2", "hidden_size": H,
+    "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "intermediate_size": INTER,
+    "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": VD, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 262144, "rope_theta": 50000.0,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "q_lora_rank": MLA_Q_LORA, "kv_lora_rank": MLA_KV_LORA, "qk_nope_head_dim": MLA_NOPE,
+    "qk_rope_head_dim": MLA_ROPE, "v_head_dim": MLA_V, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": SGLANG_IDS, "use_aux_hidden_state": True}}
+
+
+def kimi_mla_draft_shapes() -> dict[str, tuple[int, ...]]:
+    qk = MLA_NOPE + MLA_ROPE
+    a = "midlayer.self_attn."
+    return {a + "q_a_proj.weight": (MLA_Q_LORA, 2 * H), a + "q_a_layernorm.weight": (MLA_Q_LORA,),
+            a + "q_b_proj.weight": (HEADS * qk, MLA_Q_LORA), a + "kv_a_proj_with_mqa.weight": (MLA_KV_LORA + MLA_ROPE,
+                                                                                                2 * H),
+            a + "kv_a_layernorm.weight": (MLA_KV_LORA,), a + "kv_b_proj.weight": (HEADS * (MLA_NOPE + MLA_V),
+                                                                                  MLA_KV_LORA),
+            a + "o_proj.weight": (H, HEADS * MLA_V),
+            "midlayer.mlp.gate_proj.weight": (INTER, H), "midlayer.mlp.up_proj.weight": (INTER, H),
+            "midlayer.mlp.down_proj.weight": (H, INTER), "midlayer.input_layernorm.weight": (H,),
+            "midlayer.hidden_norm.weight": (H,), "midlayer.post_attention_layernorm.weight": (H,),
+            "fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD, H)}
+
+
+def write_kimi_mla_draft(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    d2t, t2d = vocab_from_ids(random_token_ids(VD, seed=13, vocab_size=V), V)
+    write_sparse_safetensors(d / "model.safetensors", kimi_mla_draft_shapes(), {"d2t": d2t, "t2d": t2d})
+    (d / "config.json").write_text(json.dumps(KIMI_MLA_DRAFT_CONFIG, indent=2))
+    return d

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from eagle3_train.model.attention import DraftAttention
 from eagle3_train.model.config import DraftConfig
-from eagle3_train.model.draft import DraftAttention, Eagle3Draft
+from eagle3_train.model.draft import Eagle3Draft
 
 
 def tiny_config(**kw) -> DraftConfig:

@@ -133,3 +133,32 @@ def test_run_dry_run_checks_train_on_the_stages_already_done(kimi, tmp_path, cap
     assert "extract: done" in printed and "dry run: checked" in printed and "NOT checked" in printed
     meta = json.loads((rd / "train" / METADATA_FILE).read_text())
     assert meta["settings"]["trust_remote_code"] is True and meta["init"]["aux_layers"]["match"] is True
+
+
+def test_kimi_mla_draft_finetune_dry_run_at_full_size(kimi, tmp_path):
+    """The MLA draft vLLM recommends for Kimi-K2.5, at its real shapes: the finetune follows the source's layer kind
+    and dims, and the header-only export has the names and config deepseek_eagle3.py loads."""
+    from kimi_layouts import KIMI_MLA_DRAFT_CONFIG, kimi_mla_draft_shapes, write_kimi_mla_draft
+
+    _, verifier, paths = kimi
+    source = write_kimi_mla_draft(tmp_path / "kimi-k2.5-eagle3-mla")
+    out = tmp_path / "train"
+    report = dry_run(kimi_train_config(paths, out, finetune_from=str(source), finetune_vocab="keep"))
+    meta = json.loads((out / METADATA_FILE).read_text())
+    draft = meta["draft_config"]
+    assert draft["architecture"] == "mla"
+    for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        assert draft[k] == KIMI_MLA_DRAFT_CONFIG[k], k
+    assert not meta["init"]["keys"]["missing"] and meta["init"]["aux_layers"]["match"] is True
+    shapes = kimi_mla_draft_shapes()
+    assert report["memory"]["trainable_parameters"] == sum(math.prod(s) for s in shapes.values())
+    assert set(report["exports"]) == {"eagle"}  # the speculators format describes Llama layers only
+    header = read_safetensors_header(out / "dry-run-exports" / "eagle" / "model.safetensors")
+    assert {k: tuple(v["shape"]) for k, v in header.items() if k not in ("d2t", "t2d")} == shapes
+    cfg = json.loads((out / "dry-run-exports" / "eagle" / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and cfg["model_type"] == "kimi_k2"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
+    # a setting that contradicts the source is refused by name
+    with pytest.raises(Eagle3InputError, match="train.architecture=mla but the finetune source"):
+        dry_run(kimi_train_config(paths, tmp_path / "t2", finetune_from=str(write_aq_medai_draft(tmp_path / "aq")),
+                                  architecture="mla"))

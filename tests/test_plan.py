@@ -139,8 +139,13 @@ def test_fits_and_recommendation(tmp_path):
     assert ddp.modes["offline"]["allreduce_bytes_per_step"] > 0 == unknown.modes["offline"]["allreduce_bytes_per_step"]
 
 
-@pytest.mark.parametrize("steps,checkpoint_mlp,checkpoint_loss", [(3, True, True), (5, False, False)])
-def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss):
+MLA = dict(architecture="mla", q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=16,
+           v_head_dim=16)
+
+
+@pytest.mark.parametrize("steps,checkpoint_mlp,checkpoint_loss,layer", [(3, True, True, {}), (5, False, False, {}),
+                                                                        (3, True, True, MLA)])
+def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss, layer):
     """The planner's per-term activation bytes vs what autograd keeps for one fp32 micro-batch of `ttt_forward`."""
     from eagle3_train.train.data import Batch
     from eagle3_train.train.objective import Objective
@@ -149,8 +154,8 @@ def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoin
 
     torch.manual_seed(0)
     H, V, Vd, B, L = 96, 4096, 512, 4, 128
-    cfg = DraftConfig(hidden_size=H, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-                      intermediate_size=256, vocab_size=V, draft_vocab_size=Vd)
+    cfg = DraftConfig(hidden_size=H, num_attention_heads=6, num_key_value_heads=6 if layer else 2, head_dim=16,
+                      intermediate_size=256, vocab_size=V, draft_vocab_size=Vd, **layer)
     model = Eagle3Draft(cfg)
     model.set_vocab(torch.zeros(Vd, dtype=torch.long), torch.arange(V) < Vd)
     ids, mask = torch.randint(0, Vd, (B, L)), torch.ones(B, L, dtype=torch.bool)

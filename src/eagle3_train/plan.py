@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.model.config import default_ttt_query_block
+from eagle3_train.model.architectures import architecture_of
+from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -50,6 +51,8 @@ class PlanSettings:
     device: str = "cuda"  # cuda: frozen tensors copied to the GPU; cpu: "device" and host memory are the same
     supervised_fraction: float = 1.0  # share of tokens with a loss (assistant tokens); 1.0 = the worst case
     # draft architecture: the trainer's settings, and overrides of what from_verifier derives (e.g. a published draft)
+    architecture: str = _TRAIN_DEFAULTS.architecture  # llama | mla (the MLA dims: the verifier's or the source's)
+    mla_dims: dict[str, int | None] | None = None  # a finetune source's MLA dims
     num_layers: int = _TRAIN_DEFAULTS.num_layers
     intermediate_size: int | None = None
     num_attention_heads: int | None = None
@@ -147,7 +150,7 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
 
     overrides = {"intermediate_size": s.intermediate_size, "num_layers": s.num_layers,
                  "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_key_value_heads,
-                 "head_dim": s.head_dim}
+                 "head_dim": s.head_dim, "architecture": s.architecture, **(s.mla_dims or {})}
     try:
         draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab,
                                               aux_layer_ids=s.layer_ids, verifier_name=f"verifier {s.verifier}",
@@ -192,12 +195,13 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     its own rows (a new tensor per block); o_proj keeps its input; the MLP keeps its input only (recomputed in
     backward) or its four [N, I] activations. The loss keeps the gathered [R, H] rows (recomputed) or two [R, Vd]
     tensors (the targets gathered for the step and the draft's softmax)."""
-    H, Q = d.hidden_size, d.num_attention_heads * d.head_dim
-    K, inter = d.num_key_value_heads * d.head_dim, d.intermediate_size
+    H, inter = d.hidden_size, d.intermediate_size
+    w = architecture_of(d).attention_widths(d)
     a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
     qkv_copies = 3 if bf16 else 1
     T = default_ttt_query_block(L)
-    t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_mask": 0,
+    t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_extra": 0,
+         "attention_mask": 0,
          "o_proj_input": 0, "mlp": 0, "loss": 0}
     for j in range(steps):
         if L - 2 - j <= 0:
@@ -207,14 +211,15 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
             # first layer: hidden_norm (input + output) and input_layernorm over the frozen embedding (output only)
             t["norms"] += (3 if first else 2) * N * H * 4
             t["qkv_inputs"] += qkv_copies * N * (2 * H if first else H) * a
-            t["attention_q_out"] += 2 * N * Q * a
+            t["attention_q_out"] += N * (w["q"] + w["out"]) * a
+            t["attention_extra"] += N * w["extra"] * a
             if j == 0:
-                t["attention_kv"] += 2 * N * K * a
+                t["attention_kv"] += N * (w["k"] + w["v"]) * a
             else:  # query blocks (model.draft.ttt_attention): each keeps the prefix up to its end + its diagonal keys
                 blocks = [(min(b + T, L), min(b + T, L) - b) for b in range(0, L, T)]
-                t["attention_kv"] += 2 * N // L * sum(e + j * n for e, n in blocks) * K * a
+                t["attention_kv"] += N // L * sum(e + j * n for e, n in blocks) * (w["k"] + w["v"]) * a
                 t["attention_mask"] += sum(n * (e + j * n) for e, n in blocks)  # bool [block, end + j*block]
-            t["o_proj_input"] += N * Q * a
+            t["o_proj_input"] += N * w["o_in"] * a
             t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * inter * a)
         t["loss"] += R * H * 4 if checkpoint_loss else R * H * 4 + 2 * R * Vd * 4
     t["fc_input"] = N * 3 * d.aux_hidden_size * a if bf16 else 0  # fp32: the batch's aux tensor itself
@@ -264,8 +269,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     if bf16:
         targets_tmp += 2 * V * Ht + 2 * Vd * Ht
     loss_fwd, loss_bwd = loss_forward_bytes(R, Vd, s.target_temperature), 3 * R * Vd * 4
-    kv_caches = sum(2 * N * d.num_key_value_heads * d.head_dim * (2 if bf16 else 4)
-                    for j in range(1, s.ttt_steps)) * d.num_layers
+    w = architecture_of(d).attention_widths(d)
+    kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
     candidates = {
         # before the forward: gradients were freed (zero_grad(set_to_none)), no autocast weight copies yet
@@ -317,7 +322,8 @@ def _from_source(s: PlanSettings, num_layers: int) -> PlanSettings:
     from eagle3_train.checkpoints.formats import draft_architecture
 
     c, _ = draft_architecture(s.finetune_from, num_layers)
-    return dataclasses.replace(s, num_layers=c.num_layers, intermediate_size=c.intermediate_size,
+    return dataclasses.replace(s, architecture=c.architecture, mla_dims={k: getattr(c, k) for k in MLA_DIMS},
+                               num_layers=c.num_layers, intermediate_size=c.intermediate_size,
                                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
                                head_dim=c.head_dim, draft_vocab=c.draft_vocab_size, layer_ids=tuple(c.aux_layer_ids))
 

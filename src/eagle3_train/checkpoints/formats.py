@@ -23,7 +23,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from eagle3_train.checkpoints.native import is_run_dir, resolve_checkpoint
-from eagle3_train.model.config import DraftConfig, default_aux_layer_ids
+from eagle3_train.model.architectures import architecture_from_config
+from eagle3_train.model.config import MLA_DIMS, DraftConfig, default_aux_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,8 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         norm_before_residual=bool(top.get("norm_before_residual", default_nbr)),
         norm_before_fc=bool(_pick(top, "norm_before_fc", default=eagle_cfg.get("norm_before_fc", False))),
         fc_norm=bool(top.get("fc_norm", False)), norm_output=bool(top.get("norm_output", False)),
-        verifier=_verifier_of(cfg),
+        verifier=_verifier_of(cfg), architecture=architecture_from_config(cfg),
+        **{k: layer.get(k) for k in MLA_DIMS if layer.get(k) is not None},
     )
 
 

@@ -1,6 +1,7 @@
 """config.json and tensor names of the two formats the engines read (see docs/ARCHITECTURE.md).
 
-- "eagle": original EAGLE / SpecForge / SGLang (`LlamaForCausalLMEagle3`, `midlayer.*`); vLLM loads it too.
+- "eagle": original EAGLE / SpecForge / SGLang (`LlamaForCausalLMEagle3`, `midlayer.*`); vLLM loads it too. An MLA
+  draft is `Eagle3DeepseekV3ForCausalLM` with `model_type: kimi_k2` (`model/architectures.py`).
 - "speculators": vLLM's speculators format (`Eagle3Speculator`, `layers.N.*`); `vllm serve DIR` works alone.
 """
 
@@ -8,21 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.utils.io import Eagle3InputError
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators format version whose config layout we write
 
 
-def _llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+def _layer_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    """The decoder layer's config.json fields: the common ones and its kind's own (`model/architectures.py`)."""
     rope_parameters = cfg.rope_parameters()
     # Legacy readers take rope_scaling's "type", newer ones "rope_type": write both, naming the same type.
     rope_scaling = {**cfg.rope_scaling, "rope_type": rope_parameters["rope_type"]} if cfg.rope_scaling else None
+    arch = architecture_of(cfg)
     return {
-        "model_type": "llama",
+        "model_type": arch.model_type,
         "hidden_size": cfg.hidden_size,
         "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
+        **arch.config_fields(cfg),
         "intermediate_size": cfg.intermediate_size,
         "hidden_act": cfg.hidden_act,
         "rms_norm_eps": cfg.rms_norm_eps,
@@ -34,7 +38,6 @@ def _llama_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
         "rope_scaling": rope_scaling,
         "rope_parameters": rope_parameters,
         "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": False,  # SGLang would tie lm_head to the embedding otherwise
         "torch_dtype": dtype,
     }
@@ -46,7 +49,7 @@ def _aux_ids(cfg: DraftConfig) -> list[int] | None:
 
 
 def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
-    c: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], **_llama_fields(cfg, dtype)}
+    c: dict[str, Any] = {"architectures": [architecture_of(cfg).eagle_class], **_layer_fields(cfg, dtype)}
     c["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size and cfg.target_hidden_size != cfg.hidden_size:
         c["target_hidden_size"] = cfg.target_hidden_size
@@ -65,7 +68,10 @@ def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
 
 def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: int,
                             verifier_name_or_path: str) -> dict[str, Any]:
-    layer = _llama_fields(cfg, dtype)
+    if not architecture_of(cfg).speculators_format:
+        raise Eagle3InputError(f"the speculators format describes Llama-layer drafts only; this draft's layer is "
+                               f"{cfg.architecture!r}: export it with --format eagle (vLLM loads it)")
+    layer = _layer_fields(cfg, dtype)
     layer["architectures"] = ["LlamaForCausalLM"]
     return {
         "architectures": ["Eagle3Speculator"],
@@ -99,7 +105,7 @@ def export_key(our_key: str, fmt: str) -> str:
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor (our names) an exported draft must carry, with its shape."""
     H, Ht, inter = cfg.hidden_size, cfg.aux_hidden_size, cfg.intermediate_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    attention = architecture_of(cfg).attention_shapes
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, 3 * Ht), "norm.weight": (H,),
                                           "lm_head.weight": (cfg.draft_vocab_size, H),
                                           "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
@@ -111,10 +117,9 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
         width = 2 * H if n == 0 else H
         p = f"layers.{n}."
         shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                       p + "self_attn.q_proj.weight": (q, width), p + "self_attn.k_proj.weight": (kv, width),
-                       p + "self_attn.v_proj.weight": (kv, width), p + "self_attn.o_proj.weight": (H, q),
                        p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
                        p + "mlp.down_proj.weight": (H, inter)})
+        shapes.update({p + "self_attn." + k: v for k, v in attention(cfg, width).items()})
         if n == 0:
             shapes[p + "hidden_norm.weight"] = (H,)
     return shapes

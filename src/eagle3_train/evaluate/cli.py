@@ -91,4 +91,6 @@ def main(args: argparse.Namespace) -> int:
     except GreedyMismatchError as e:
         print(f"eagle3-train evaluate: FAILED greedy check: {e}")
         return 1
-    return 0 if results["greedy_check"]["passed"] in (True, None) else 1
+    # differences on near-ties (bf16 verifiers tie exactly often) are reported above, not failures
+    return 0 if results["greedy_check"]["passed"] in (True, None) or all(
+        m["near_tie"] for m in results["greedy_check"]["mismatches"]) else 1

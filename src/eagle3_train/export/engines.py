@@ -46,10 +46,16 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
     if cfg.norm_before_residual:
         sglang.append("norm_before_residual=true: SGLang implements only false")
     sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if getattr(cfg, o)]
+    if cfg.architecture == "mla":
+        sglang.append("an MLA (DeepSeek-V3) layer: SGLang's loading of MLA EAGLE-3 drafts is not verified here")
     if fmt == "speculators":
         needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o)]
     else:  # the EAGLE format: the model code reads the config, but read these two only from #42764 on
         needs = [f"{o}: {_VLLM_MODEL_CODE_NEEDS[o]}" for o in _VLLM_MODEL_CODE_NEEDS if getattr(cfg, o)]
+    if cfg.architecture == "mla":
+        # vLLM takes the MLA path for a draft by its model_type (kimi_k2 here; deepseek_v3 becomes DeepSeek-MTP)
+        needs.append("mla layer: deepseek_eagle3.py and kimi_k2 among the MLA model types (both in 0.32); on CPU "
+                     "builds only beside an MLA verifier")
     return {
         "vllm": {"serves_as_trained": not vllm, "reasons": vllm, "verified_with": VLLM_VERIFIED,
                  "older_releases_need": needs},

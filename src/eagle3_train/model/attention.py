@@ -1,5 +1,5 @@
-"""Attention over training-time test's block mask and with a KV cache, shared by the draft's layer kinds: each kind
-(`model/draft.DraftAttention`, Llama; `model/mla.MLAAttention`, DeepSeek's MLA) supplies its projections and RoPE."""
+"""Attention over training-time test's block mask and with a KV cache (`TTTAttention`), shared by the draft's layer
+kinds, each supplying its projections and RoPE: Llama's `DraftAttention` here, DeepSeek's MLA in `model/mla.py`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import LlamaConfig, apply_rotary_pos_emb
 
-from eagle3_train.model.config import default_ttt_query_block
+from eagle3_train.model.config import DraftConfig, default_ttt_query_block
 
 
 @dataclass
@@ -82,3 +83,39 @@ class TTTAttention(nn.Module):
         mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril(diagonal=Lk - Lq)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, scale=self.scale)
         return self._out(o), (k, v)
+
+
+class DraftAttention(TTTAttention):
+    """Llama's grouped-query attention (q/k/v/o projections, RoPE over the whole head)."""
+
+    def __init__(self, cfg: DraftConfig, in_features: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(in_features, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        B, _, L, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
+
+
+def llama_config(cfg: DraftConfig) -> LlamaConfig:
+    """A transformers LlamaConfig for the components we reuse (MLP, RMSNorm, RoPE)."""
+    rope = cfg.rope_parameters()
+    return LlamaConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, hidden_act=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=rope, vocab_size=cfg.vocab_size,
+        mlp_bias=False, attention_bias=False,
+    )

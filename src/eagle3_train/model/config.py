@@ -19,7 +19,7 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-_MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 @dataclass
@@ -112,7 +112,7 @@ class DraftConfig:
                       "model_type": verifier_config.get("model_type")},
         )
         if overrides.get("architecture") == "mla":  # the latent dims default to the verifier's own MLA
-            kw.update({k: c.get(k) for k in _MLA_DIMS if c.get(k) is not None})
+            kw.update({k: c.get(k) for k in MLA_DIMS if c.get(k) is not None})
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
 

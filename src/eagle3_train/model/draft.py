@@ -15,69 +15,13 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 from transformers.models.llama.modeling_llama import (
-    LlamaConfig,
     LlamaMLP,
     LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
 )
 
-from eagle3_train.model.attention import LayerTTTCache, TTTAttention
+from eagle3_train.model.architectures import architecture_of
+from eagle3_train.model.attention import LayerTTTCache, llama_config
 from eagle3_train.model.config import DraftConfig
-
-
-def llama_config(cfg: DraftConfig) -> LlamaConfig:
-    """A transformers LlamaConfig for the components we reuse (MLP, RMSNorm, RoPE)."""
-    rope = cfg.rope_parameters()
-    return LlamaConfig(
-        hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, hidden_act=cfg.hidden_act,
-        max_position_embeddings=cfg.max_position_embeddings, rope_parameters=rope, vocab_size=cfg.vocab_size,
-        mlp_bias=False, attention_bias=False,
-    )
-
-
-class DraftAttention(TTTAttention):
-    """Llama's grouped-query attention (q/k/v/o projections, RoPE over the whole head)."""
-
-    def __init__(self, cfg: DraftConfig, in_features: int):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(in_features, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
-
-    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        B, L, _ = x.shape
-        q = self.q_proj(x).view(B, L, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return q, k, v
-
-    def _out(self, o: torch.Tensor) -> torch.Tensor:
-        B, _, L, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, L, self.heads * self.head_dim))
-
-
-def attention_for(cfg: DraftConfig, in_features: int) -> TTTAttention:
-    """The attention of the draft's layer kind (`cfg.architecture`)."""
-    if cfg.architecture == "mla":
-        from eagle3_train.model.mla import MLAAttention
-
-        return MLAAttention(cfg, in_features)
-    return DraftAttention(cfg, in_features)
-
-
-def rotary_for(cfg: DraftConfig) -> nn.Module:
-    """cos/sin of the layer kind's RoPE: Llama's over the head, DeepSeek's (YaRN) over the rope part of MLA heads."""
-    if cfg.architecture == "mla":
-        from eagle3_train.model.mla import mla_rotary
-
-        return mla_rotary(cfg)
-    return LlamaRotaryEmbedding(llama_config(cfg))
 
 
 class DraftDecoderLayer(nn.Module):
@@ -89,7 +33,7 @@ class DraftDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         if first:
             self.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
-        self.self_attn = attention_for(cfg, 2 * H if first else H)
+        self.self_attn = architecture_of(cfg).attention(cfg, 2 * H if first else H)
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(llama_config(cfg))
 
@@ -136,7 +80,7 @@ class Eagle3Draft(nn.Module):
         self.layers = nn.ModuleList(DraftDecoderLayer(cfg, first=(i == 0)) for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
-        self.rotary = rotary_for(cfg)
+        self.rotary = architecture_of(cfg).rotary(cfg)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.reset_parameters()

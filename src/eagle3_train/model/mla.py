@@ -16,6 +16,7 @@ interleaved RoPE, mscale) are reused so the math is theirs.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
@@ -72,8 +73,10 @@ class MLAAttention(TTTAttention):
         q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot.view(B, 1, L, self.rope), cos, sin)
         q = torch.cat([q_nope, q_rot], dim=-1)
         k = torch.cat([k_nope, k_rot.expand(-1, self.heads, -1, -1)], dim=-1)
-        return q, k, v
+        # values padded with zeros to the query/key width: SDPA's flash kernels need equal head dims, and without
+        # them it falls back to the math path, which keeps the L x L probabilities of every head for backward
+        return q, k, F.pad(v, (0, self.nope + self.rope - self.v_dim))
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         B, _, L, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, L, self.heads * self.v_dim))
+        return self.o_proj(o[..., : self.v_dim].transpose(1, 2).reshape(B, L, self.heads * self.v_dim))

@@ -117,6 +117,9 @@ class TrainConfig:
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")
     # draft architecture
+    architecture: Literal["llama", "mla"] = setting(
+        "llama", "draft decoder layer: llama (grouped-query attention; vLLM and SGLang) or mla (DeepSeek-V3's latent "
+        "attention with the verifier's MLA dims, as the Kimi-K2.5 MLA drafts; vLLM, beside an MLA verifier)")
     num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)", valid=">= 1")
     intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)", valid=">= 1")
     norm_before_residual: bool = setting(False, "vLLM option: normalise the hidden state before the residual")

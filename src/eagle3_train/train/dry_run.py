@@ -25,7 +25,8 @@ import torch
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.checkpoints.layouts import eagle_config_json, expected_shapes, export_key, speculators_config_json
 from eagle3_train.export.engines import engine_support, format_support
-from eagle3_train.model.config import default_aux_layer_ids
+from eagle3_train.model.architectures import architecture_of
+from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
@@ -184,9 +185,11 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
                                f"{header['t2d']['dtype']}")
     layer = config if fmt == "eagle" else config["transformer_layer_config"]
     if fmt == "eagle":
-        if config["architectures"] != ["LlamaForCausalLMEagle3"] or config["tie_word_embeddings"] is not False:
-            raise Eagle3InputError(f"{where}: SGLang needs architectures [LlamaForCausalLMEagle3] and "
-                                   f"tie_word_embeddings false")
+        arch = architecture_of(cfg)
+        if config["architectures"] != [arch.eagle_class] or config["model_type"] != arch.model_type or \
+                config["tie_word_embeddings"] is not False:
+            raise Eagle3InputError(f"{where}: the engines need architectures [{arch.eagle_class}], model_type "
+                                   f"{arch.model_type} and tie_word_embeddings false")
     else:
         sc = config["speculators_config"]
         if not (sc.get("proposal_methods") or [{}])[0].get("speculative_tokens") or \
@@ -208,8 +211,9 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
     loaded = load_draft_source(out, shapes_only=True)
     if loaded.unknown:
         raise Eagle3InputError(f"{where}: our reader does not know tensors {loaded.unknown}")
-    for f in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "draft_vocab_size", "vocab_size", "rope_theta", "norm_before_residual", "norm_before_fc"):
+    for f in ("architecture", *MLA_DIMS, "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size", "rope_theta",
+              "norm_before_residual", "norm_before_fc"):
         if getattr(loaded.config, f) != getattr(cfg, f):
             raise Eagle3InputError(f"{where}: read back, {f} is {getattr(loaded.config, f)} instead of "
                                    f"{getattr(cfg, f)}")
@@ -334,7 +338,8 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
 def _header_only_exports(model, d2t, t2d, root: Path, inputs, num_layers: int, checked: list[str]) -> dict[str, Any]:
     """Write each export format header-only and check it as the engines' loaders read it."""
     exports: dict[str, Any] = {}
-    for fmt in ("eagle", "speculators"):
+    formats = ("eagle", "speculators") if architecture_of(model.config).speculators_format else ("eagle",)
+    for fmt in formats:
         d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier_name)
         checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, num_layers)
         exports[fmt] = {"dir": str(d), "engines": engine_support(model.config, fmt)}

