@@ -80,3 +80,36 @@ def test_mla_needs_its_latent_dims():
                 "qk_rope_head_dim": 64, "v_head_dim": 32, "model_type": "deepseek_v3"}
     cfg = DraftConfig.from_verifier(verifier, 100, architecture="mla")
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (96, 512, 64)
+
+
+@pytest.mark.slow
+def test_finetune_from_an_exported_mla_draft_is_bit_exact_at_lr_0(tmp_path_factory, smollm2_dir):
+    """Train an MLA draft on a tiny DeepSeek-V3 verifier, export it (Eagle3DeepseekV3ForCausalLM, midlayer.*), and
+    finetune from the export: one step at lr 0 leaves every weight bit-identical, the run is an MLA draft (never
+    rebuilt as a Llama one, even with --allow-missing), and inspect says so."""
+    import json
+
+    from families import build_tiny_verifier
+    from safetensors.torch import load_file
+    from stage_helpers import build_stages, train_config
+
+    from eagle3_train.export.exporter import export
+    from eagle3_train.export.inspect import inspect_checkpoint
+    from eagle3_train.train.trainer import train
+
+    tmp = tmp_path_factory.mktemp("mla-finetune")
+    verifier = build_tiny_verifier("deepseek_v3", tmp / "verifier", smollm2_dir)
+    root = build_stages(tmp / "stages", verifier)
+    source = train(train_config(root, tmp / "a", max_steps=4, architecture="mla"))
+    export(tmp / "a", tmp / "export", fmt="eagle", dtype="float32")
+    assert json.loads((tmp / "export" / "config.json").read_text())["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    for name, kw in (("b", {}), ("c", {"allow_missing": True})):
+        again = train(train_config(root, tmp / name, max_steps=1, lr=0.0, finetune_from=str(tmp / "export"), **kw))
+        assert again["validation"] == pytest.approx(source["validation"], rel=1e-6, abs=1e-6)
+        a = load_file(str(tmp / "a" / "final" / "model.safetensors"))
+        b = load_file(str(tmp / name / "final" / "model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        meta = json.loads((tmp / name / "training_metadata.json").read_text())
+        assert meta["draft_config"]["architecture"] == "mla" and meta["init"]["keys"]["missing"] == []
+    summary = inspect_checkpoint(tmp / "export")
+    assert "Eagle3DeepseekV3ForCausalLM" in json.dumps(summary)
