@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 from eagle3_train.cli import main as cli_main
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.plan import PlanSettings, loss_forward_bytes, plan, ttt_saved_bytes
+from eagle3_train.plan import PlanSettings, format_plan, loss_forward_bytes, plan, ttt_saved_bytes
 from eagle3_train.utils.io import Eagle3InputError
 
 # Public Kimi-K2-Instruct config fields (DeepSeek-V3 architecture, MLA + MoE); no weights, and remote code is never run.
@@ -262,3 +262,26 @@ def test_plan_takes_the_finetune_sources_architecture(smollm2_dir, head, vocab_a
     assert p.draft["aux_layer_ids"] == [3, 12, 25] and p.draft["draft_vocab_size"] == vocab_a[0].shape[0]
     assert p.parameters["trainable"] == sum(x.numel() for x in source.parameters() if x.requires_grad)
     assert plan(PlanSettings(**base)).draft["num_layers"] == 1
+
+
+def test_the_servers_memory_and_time_figures(tmp_path):
+    """Hybrid and online training run the verifier's server beside the trainer: its memory counts where they share
+    GPUs; given throughputs turn into hours per phase and per mode."""
+    d = write_config(tmp_path, "kimi", KIMI_K2)
+    base = dict(verifier=str(d), samples=25000, tokens_per_sample=4000, draft_vocab=32000, head_dim=128, gpus=8,
+                gpu_memory_gb=141, disk_tb=4)
+    apart = plan(PlanSettings(**base))
+    beside = plan(PlanSettings(**base, server_memory_gb=120))
+    assert apart.modes["online"]["fits"] is True and beside.modes["online"]["fits"] is False
+    assert beside.recommendation.startswith("nothing fits") and "beside the trainer" in beside.recommendation
+    assert all("seconds" in m and m["seconds"]["run_after_regeneration"] is None for m in apart.modes.values())
+    timed = plan(PlanSettings(**base, extract_tokens_per_s=20000, train_tokens_per_s=40000, epochs=2,
+                              generate_tokens_per_s=10000, generated_tokens_per_sample=2000))
+    tokens = 25000 * 4000
+    sec = {name: m["seconds"] for name, m in timed.modes.items()}
+    assert sec["offline"]["extract"] == tokens / 20000 and sec["offline"]["train_epoch"] == tokens / 40000
+    assert sec["offline"]["run_after_regeneration"] == tokens / 20000 + 2 * tokens / 40000
+    assert sec["hybrid"]["run_after_regeneration"] == tokens / 20000 + tokens / 40000  # epoch 1 at the server's rate
+    assert sec["online"]["run_after_regeneration"] == 2 * tokens / 20000
+    assert sec["online"]["regenerate"] == 25000 * 2000 / 10000
+    assert "time: offline" in format_plan(timed)

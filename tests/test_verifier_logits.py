@@ -121,3 +121,33 @@ def test_a_bf16_lm_head_keeps_float32_soft_targets():
     assert (half.in_mass <= 1).all()
     assert ((half.in_mass.log() - full.in_mass.log()).abs() <= max_logit * 2 ** -7).all()
     assert (half.in_vocab == full.in_vocab).float().mean() > 0.9  # bf16 may flip near-ties only
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_next", "cohere"])
+def test_the_final_norm_is_applied_as_the_model_computes_it(family, tmp_path):
+    """The vLLM hidden-state backend and final_norm_init read the final norm as multiplier * x / rms(x): Gemma and
+    Qwen3-Next/3.5 store w - 1 (applied as 1 + w), Cohere ends in a LayerNorm (refused, by name)."""
+    import transformers as tf
+
+    from eagle3_train.hidden_states.vllm_backend import rms_norm
+    from eagle3_train.model.verifier_head import load_final_norm
+
+    config_cls = {"llama": tf.LlamaConfig, "gemma3_text": tf.Gemma3TextConfig, "qwen3_next": tf.Qwen3NextConfig,
+                  "cohere": tf.CohereConfig}[family]
+    extra = {"layer_types": ["full_attention"] * 2, "linear_num_key_heads": 2, "linear_num_value_heads": 2,
+             "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32} if family == "qwen3_next" else {}
+    verifier = save_tiny(tmp_path / family, config_cls, **extra)
+    model = AutoModelForCausalLM.from_pretrained(verifier, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.model.norm.weight.normal_(0, 0.5)  # a trained norm is not the init's ones (or zeros for w - 1)
+    model.save_pretrained(verifier)
+    if family == "cohere":
+        with pytest.raises(Eagle3InputError, match="LayerNorm"):
+            load_final_norm(verifier)
+        return
+    x = torch.randn(5, TINY["hidden_size"])
+    weight, eps = load_final_norm(verifier)
+    with torch.no_grad():
+        expected = model.model.norm(x)
+    torch.testing.assert_close(rms_norm(x, weight, eps), expected, rtol=1e-5, atol=1e-5)

@@ -62,6 +62,15 @@ class PlanSettings:
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
     target_temperature: float = _TRAIN_DEFAULTS.target_temperature  # != 1: the loss's target is a new [R, Vd] tensor
     layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
+    # the verifier's vLLM server on the training GPUs (GB per GPU; 0: it runs on other machines): hybrid and online
+    # training need it beside the trainer
+    server_memory_gb: float = 0.0
+    # throughputs, measured (e.g. `generate`'s probe, `extract --max-samples N`, a short `train --max-steps N`) or
+    # given, in tokens/s over the whole run: they turn into time figures
+    generate_tokens_per_s: float | None = None
+    generated_tokens_per_sample: int | None = None  # default: tokens_per_sample
+    extract_tokens_per_s: float | None = None  # also the server's rate in hybrid/online training
+    train_tokens_per_s: float | None = None
     finetune_from: str | None = None  # a draft to finetune: its architecture, vocabulary size and layers are planned
 
 
@@ -369,7 +378,9 @@ def plan(s: PlanSettings) -> Plan:
     disk_need = hs["total_bytes"]
     disk_ok = None if s.disk_tb is None else disk_need <= s.disk_tb * TB
 
-    modes = _modes(disk_need, disk_step, wire_step, allreduce, mem_ok, disk_ok, s)
+    served_ok = None if s.gpu_memory_gb is None else mem["peak"] + s.server_memory_gb * GB <= s.gpu_memory_gb * GB
+    modes = _modes(disk_need, disk_step, wire_step, allreduce, mem_ok, disk_ok, s, served_ok)
+    _add_times(modes, tokens, s)
     notes = _notes(weight_bytes, frozen_bytes, s)
     rec = _recommend(modes, mem_ok, disk_ok, s)
     fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
@@ -398,7 +409,7 @@ def _host_memory(detail: dict[str, Any], mem: dict[str, Any], s: PlanSettings) -
 
 
 def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_ok: bool | None,
-           disk_ok: bool | None, s: PlanSettings) -> dict[str, dict[str, Any]]:
+           disk_ok: bool | None, s: PlanSettings, served_ok: bool | None) -> dict[str, dict[str, Any]]:
     """Disk, transfer per step and verifier passes of offline, hybrid and online training, and whether each fits."""
     def mode(disk: int, read: int, server: int, passes: int, how: str) -> dict[str, Any]:
         return {"disk_bytes": disk, "read_bytes_per_step": read, "server_bytes_per_step": server,
@@ -413,9 +424,10 @@ def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_o
     }
     for name, md in modes.items():
         d_ok = True if name == "online" else disk_ok
-        md["memory_fits"] = mem_ok
+        md["memory_fits"] = mem_ok if name == "offline" else served_ok  # the server's share of the same GPUs
         md["disk_fits"] = d_ok
-        md["fits"] = None if (mem_ok is None or d_ok is None) else bool(mem_ok and d_ok)
+        m_ok = md["memory_fits"]
+        md["fits"] = None if (m_ok is None or d_ok is None) else bool(m_ok and d_ok)
         md["needs_server"] = name != "offline"
     return modes
 
@@ -439,6 +451,27 @@ def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings) -> list
     return notes
 
 
+def _add_times(modes: dict[str, dict[str, Any]], tokens: int, s: PlanSettings) -> None:
+    """Seconds per phase from the given throughputs: extraction (or the server's pass), one training epoch, and the
+    run per mode (hybrid: epoch 1 runs at the slower of server and trainer; online: every epoch does)."""
+    gen_tokens = s.samples * (s.generated_tokens_per_sample or s.tokens_per_sample)
+    regenerate = gen_tokens / s.generate_tokens_per_s if s.generate_tokens_per_s else None
+    extract = tokens / s.extract_tokens_per_s if s.extract_tokens_per_s else None
+    epoch = tokens / s.train_tokens_per_s if s.train_tokens_per_s else None
+    epochs = s.epochs
+    for name, md in modes.items():
+        if epoch is None or extract is None:
+            total = None
+        elif name == "offline":
+            total = extract + epochs * epoch
+        elif name == "hybrid":
+            total = max(extract, epoch) * min(1.0, epochs) + max(0.0, epochs - 1) * epoch
+        else:
+            total = epochs * max(extract, epoch)
+        md["seconds"] = {"regenerate": regenerate, "extract": extract if name == "offline" else None,
+                         "train_epoch": epoch, "run_after_regeneration": total}
+
+
 def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings) -> str:
     if mem_ok is False:
         return ("nothing fits: the training peak per rank exceeds --gpu-memory; lower --token-budget "
@@ -448,6 +481,10 @@ def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSe
     if disk_ok:
         return ("offline (or hybrid to overlap extraction with the first epoch): the hidden states fit on disk"
                 + ("" if s.epochs > 1 else "; with one epoch, online avoids writing them at all"))
+    if modes["online"]["fits"] is False:
+        return (f"nothing fits: the hidden states do not fit on disk, and streaming them needs the verifier's server "
+                f"({s.server_memory_gb:g} GB per GPU) beside the trainer, beyond --gpu-memory: run the servers on "
+                f"other GPUs, or store fp8 states")
     return "online: the hidden states do not fit on disk; stream them from the server every epoch"
 
 
@@ -457,6 +494,10 @@ def _b(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def _t(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds / 3600:.1f} h"
 
 
 def _n(n: int) -> str:
@@ -500,6 +541,12 @@ def format_plan(p: Plan) -> str:
                      f"{_b(md['read_bytes_per_step']):>9s}, from server {_b(md['server_bytes_per_step']):>9s}, "
                      f"all-reduce {_b(md['allreduce_bytes_per_step']):>9s} | {md['verifier_passes']} verifier "
                      f"pass(es) -> {fits}")
+    times = next(iter(p.modes.values())).get("seconds") or {}
+    if any(v is not None for v in times.values()):
+        lines.append("time: " + ", ".join(
+            f"{name} {_t(md['seconds']['run_after_regeneration'])}" for name, md in p.modes.items())
+            + f" (extraction {_t(p.modes['offline']['seconds']['extract'])}, one epoch "
+              f"{_t(times['train_epoch'])}; regeneration first: {_t(times['regenerate'])})")
     lines.append(f"recommendation: {p.recommendation}")
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
@@ -532,6 +579,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head-dim", dest="head_dim", type=int)
     p.add_argument("--finetune-from", help="a draft to finetune (dir, export or hub id): plan its architecture, "
                                            "vocabulary and aux layers (headers only)")
+    p.add_argument("--server-memory", dest="server_memory_gb", type=float, default=0.0,
+                   help="GB per GPU the verifier's vLLM server holds on the training GPUs (hybrid/online)")
+    p.add_argument("--generate-tokens-per-s", type=float, help="regeneration throughput (tokens/s, whole run)")
+    p.add_argument("--generated-tokens-per-sample", type=int, help="answer tokens per sample (default: --tokens-"
+                   "per-sample)")
+    p.add_argument("--extract-tokens-per-s", type=float, help="hidden-state throughput (tokens/s, all servers)")
+    p.add_argument("--train-tokens-per-s", type=float, help="training throughput (tokens/s, all ranks)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
