@@ -13,20 +13,14 @@ import time
 import pytest
 import torch
 from families import build_tiny_verifier
-from test_verifier_families import MAX_TOKENS, PROMPTS, K, assert_draft_for_draft, complete
-from transformers import AutoTokenizer
+from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, on_policy_stages
 from vllm_helpers import require_vllm
 
-from eagle3_train import cli
-from eagle3_train.data.prepare import prepare
-from eagle3_train.evaluate.offline import evaluate_offline, render_prompt
-from eagle3_train.evaluate.prompts import load_prompts
+from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.export.exporter import export
-from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
-from eagle3_train.vocab.build import build_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 KINDS = ("mla", "llama")
@@ -37,21 +31,11 @@ def runs(tmp_path_factory, smollm2_dir) -> dict:
     require_vllm()
     root = tmp_path_factory.mktemp("mla-draft")
     verifier = build_tiny_verifier("deepseek_v3", root / "verifier", smollm2_dir)
-    prompts = load_prompts("mt_bench", limit=PROMPTS, turns=1)
-    tokenizer = AutoTokenizer.from_pretrained(verifier)
-    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
-    with VLLMServer(verifier, startup_matters=True, log_path=root / "vllm-base.log") as base:
-        plain = [complete(base.base_url, base.model_name, ids)[0] for ids in prompt_ids]
-        assert cli.main(["generate", "--data", "sharegpt", "--out", str(root / "generated"), "--endpoint",
-                         base.base_url, "--limit", "120", "--set", "max_turns=1", "--max-tokens", "96",
-                         "--concurrency", "8"]) == 0
-    prepare(root / "generated", verifier, root / "prepared", max_length=192, val_count=4, seed=0)
-    build_vocab(root / "prepared", root / "vocab", size=4096)
-    extract(root / "prepared", verifier, root / "hidden", dtype="bfloat16")
+    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
     out: dict = {"root": root, "verifier": verifier, "prompt_ids": prompt_ids, "plain": plain}
     for kind in KINDS:
         t0 = time.perf_counter()
-        result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"),
+        result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"),
                                    vocab=str(root / "vocab"), out=str(root / f"train-{kind}"), ttt_steps=K, epochs=4,
                                    token_budget=1024, lr=2e-3, warmup_ratio=0.05, tensorboard=False,
                                    architecture=kind, seed=0))

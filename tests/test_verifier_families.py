@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,6 +71,24 @@ def tie_gap(model, prompt_ids: list[int], a: list[int], b: list[int]) -> float |
     return float((logits[a[d]] - logits[b[d]]).abs() / logits.std())
 
 
+def on_policy_stages(verifier: Path, root: Path) -> tuple[list, list[list[int]], list[list[int]]]:
+    """(prompts, their token ids, the verifier's greedy completions of them in vLLM), and in `root` the stages a
+    draft trains from: on-policy data (the verifier answers 120 ShareGPT first turns: what a random model says is
+    all a draft can learn of it), prepared, a vocabulary, and HF-extracted bf16 states (`root/hf`)."""
+    prompts = load_prompts("mt_bench", limit=PROMPTS, turns=1)
+    tokenizer = AutoTokenizer.from_pretrained(verifier)
+    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
+    with VLLMServer(verifier, startup_matters=True, log_path=root / "vllm-base.log") as base:
+        plain = [complete(base.base_url, base.model_name, ids)[0] for ids in prompt_ids]
+        assert cli.main(["generate", "--data", "sharegpt", "--out", str(root / "generated"), "--endpoint",
+                         base.base_url, "--limit", "120", "--set", "max_turns=1", "--max-tokens", "96",
+                         "--concurrency", "8"]) == 0
+    prepare(root / "generated", verifier, root / "prepared", max_length=192, val_count=4, seed=0)
+    build_vocab(root / "prepared", root / "vocab", size=4096)
+    extract(root / "prepared", verifier, root / "hf", dtype="bfloat16")
+    return prompts, prompt_ids, plain
+
+
 def assert_draft_for_draft(compared: list[tuple[tuple[int, int], tuple[int, int]]]) -> None:
     """vLLM's (drafts, accepted) equal the offline evaluator's prompt by prompt; in bf16 the draft itself may meet a
     near-tie between vLLM's kernels and ours (its own top two logits equal in bf16), which moves one draft of one
@@ -87,18 +106,7 @@ def run(request, tmp_path_factory, smollm2_dir) -> dict:
     root = tmp_path_factory.mktemp(family)
     verifier = build_tiny_verifier(family, root / "verifier", smollm2_dir)
     dtype = family_of(json.loads((verifier / "config.json").read_text())).cpu_dtype
-    prompts = load_prompts("mt_bench", limit=PROMPTS, turns=1)
-    tokenizer = AutoTokenizer.from_pretrained(verifier)
-    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]
-    with VLLMServer(verifier, startup_matters=True, log_path=root / "vllm-base.log") as base:
-        plain = [complete(base.base_url, base.model_name, ids)[0] for ids in prompt_ids]
-        # on-policy data: the verifier answers ShareGPT's first turns (what a random model says is all it can learn)
-        assert cli.main(["generate", "--data", "sharegpt", "--out", str(root / "generated"), "--endpoint",
-                         base.base_url, "--limit", "120", "--set", "max_turns=1", "--max-tokens", "96",
-                         "--concurrency", "8"]) == 0
-    prepare(root / "generated", verifier, root / "prepared", max_length=192, val_count=4, seed=0)
-    build_vocab(root / "prepared", root / "vocab", size=4096)
-    extract(root / "prepared", verifier, root / "hf", dtype="bfloat16")
+    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
     with hidden_states_server(verifier, storage_dir=root / "hs", log_path=root / "vllm-hs.log") as srv:
         assert cli.main(["extract", "--backend", "vllm", "--endpoint", srv.base_url, "--prepared",
                          str(root / "prepared"), "--verifier", str(verifier), "--out", str(root / "vllm"),
