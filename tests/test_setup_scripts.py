@@ -50,3 +50,17 @@ def test_an_interrupted_venv_is_repaired(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert subprocess.run([str(broken / "bin" / "pip"), "--version"], capture_output=True).returncode == 0
+
+
+def test_every_declared_dependency_is_pinned_in_requirements():
+    """setup.sh installs requirements.txt, then the package with --no-deps: a dependency declared only in
+    pyproject.toml would be missing on a fresh clone (tiktoken was, once)."""
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = {line.split("==")[0].strip().lower().replace("_", "-")
+              for line in (root / "requirements.txt").read_text().splitlines() if "==" in line}
+    names = {re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in declared}
+    assert names <= pinned, f"declared in pyproject.toml but not pinned in requirements.txt: {sorted(names - pinned)}"
