@@ -56,6 +56,7 @@ def test_every_declared_dependency_is_pinned_in_requirements():
     """setup.sh installs requirements.txt, then the package with --no-deps: a dependency declared only in
     pyproject.toml would be missing on a fresh clone (tiktoken was, once)."""
     import re
+
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
