@@ -153,3 +153,19 @@ def test_pipeline_parallel_serving_needs_the_drafts_own_embedding(tmp_path, pp):
     save_file({"fc.weight": torch.zeros(2, 6), "embed_tokens.weight": torch.zeros(4, 2)},
               str(draft / "model.safetensors"))
     VLLMServer(tmp_path, port=8001, device="cpu", speculative=spec, vllm_args=pp)  # its own embedding: served
+
+
+def test_the_family_table_decides_the_cpu_dtype_and_its_doc_is_current():
+    from pathlib import Path
+
+    from eagle3_train.assets.families import family_of, markdown_table
+
+    assert server_options("cpu", model_config={"model_type": "deepseek_v3"})["dtype"] == "bfloat16"  # MLA kernels
+    assert server_options("cpu", model_config={"model_type": "kimi_k25", "text_config": {}})["dtype"] == "bfloat16"
+    assert server_options("cpu", model_config={"model_type": "qwen3_moe"})["dtype"] == "float32"
+    assert server_options("cpu", model_config={"model_type": "something_new"})["dtype"] == "float32"
+    assert server_options("cpu", dtype="float16", model_config={"model_type": "deepseek_v3"})["dtype"] == "float16"
+    assert family_of({"model_type": "kimi_k25", "text_config": {"model_type": "deepseek_v3"}}).name == "kimi_k25"
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
+    assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.assets.families " \
+                                    "--markdown"

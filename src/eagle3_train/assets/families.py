@@ -71,11 +71,6 @@ def family_of(config: dict[str, Any]) -> Family:
     return GENERIC
 
 
-def uses_mla(config: dict[str, Any]) -> bool:
-    text = text_config(config)
-    return family_of(config).attention == "mla" or bool(text.get("kv_lora_rank"))
-
-
 def markdown_table() -> str:
     rows = ["| family | model types | attention | final norm | MoE | tested here |", "|---|---|---|---|---|---|"]
     for f in FAMILIES:
