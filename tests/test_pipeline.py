@@ -213,3 +213,36 @@ def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_
     assert Pipeline(config | {"extract": served}).plan()["extract"][0] == "done (skipped)"
     # ...while what is stored is: another dtype redoes it
     assert "would run again" in Pipeline(config | {"extract": {**served, "dtype": "float32"}}).plan()["extract"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_pipeline_trains_online_from_a_server_it_starts(tmp_path, tiny_llama_dir, capsys):
+    from vllm_helpers import require_vllm
+
+    require_vllm()
+    verifier = tiny_llama_dir(initializer_range=0.5)
+    config = {
+        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
+        "prepare": {"data": "sharegpt", "limit": 8, "max_length": 96, "val_fraction": 0.25},
+        "vocab": {"size": 256},
+        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False,
+                  "hidden_states_mode": "online"},
+        "export": {"formats": ["eagle"]}, "evaluate": {"vllm": False, "offline": False},
+        "serving": {"max_model_len": 512},
+    }
+    Pipeline(config).dry_run()
+    out = capsys.readouterr().out
+    assert "extract: off" in out and "online mode, states from a vLLM hidden-state server the run starts" in out
+    Pipeline(config).run()
+    run = tmp_path / "run"
+    meta = json.loads((run / "train" / "training_metadata.json").read_text())
+    assert meta["data"]["hidden_states_source"]["mode"] == "online" and meta["progress"]["step"] == 2
+    assert not (run / "hidden_states").exists() and (run / "vllm-train.log").is_file()
+    assert (run / "export-eagle" / "config.json").is_file()
+    # how the states are fetched is transport: other prefetch/concurrency redo nothing; another server (the user's
+    # instead of the run's, whose serving settings are in the key) retrains
+    transport = {**config["train"], "prefetch": 5, "online_concurrency": 3}
+    assert Pipeline(config | {"train": transport}).plan()["train"][0] == "done (skipped)"
+    theirs = {**config["train"], "endpoint": ["http://127.0.0.1:9/v1"], "hidden_states_dir": str(tmp_path)}
+    assert "would run again" in Pipeline(config | {"train": theirs}).plan()["train"][0]

@@ -173,10 +173,15 @@ class Pipeline:
         lines += [f"  {name}: {status} -> {where}" for name, (status, where) in steps.items()]
         lines += self._server_checks(ctx)
         plan = {name: status for name, (status, _) in steps.items()}
-        done = {name: plan[name].startswith("done") for name in ("prepare", "vocab", "extract")}
+        needed = ("prepare", "vocab", "extract") if _states_mode(ctx) == "offline" else ("prepare", "vocab")
+        done = {name: plan[name].startswith("done") for name in needed}
         report: dict[str, Any] = {"stages_done": done, "plan": plan}
-        if all(done.values()):
-            lines.append("  (the outputs of prepare, vocab and extract are checked by the train dry run)")
+        served_here = _states_mode(ctx) != "offline" and not ctx.cfg["train"].get("endpoint")
+        if served_here:
+            lines.append("NOT checked: train (its hidden-state server starts with the run; `eagle3-train train "
+                         "--dry-run --endpoint URL ...` checks it against a running one), export, evaluate")
+        elif all(done.values()):
+            lines.append(f"  (the outputs of {', '.join(needed)} are checked by the train dry run)")
             report["train"] = dry_run(train_cfg)
             lines.append(format_report(report["train"]))
         else:
@@ -188,7 +193,18 @@ class Pipeline:
     def _server_checks(self, ctx: RunContext) -> list[str]:
         """Where the hidden states come from, checked before a run that would otherwise fail after hours: the given
         servers answer, or the vLLM environment that the run would start one with exists."""
-        ext = ctx.cfg["extract"]
+        ext, tr = ctx.cfg["extract"], ctx.cfg["train"]
+        if _states_mode(ctx) != "offline":
+            if tr.get("endpoint"):
+                return [f"  train: {_states_mode(ctx)} mode, states from the servers {tr['endpoint']} (the train dry "
+                        f"run asks them)"]
+            from eagle3_train.serving.vllm_server import vllm_available
+
+            ok, message = vllm_available()
+            if not ok:
+                raise Eagle3InputError(f"train.hidden_states_mode is {_states_mode(ctx)} without endpoints, so the "
+                                       f"run would start a hidden-state server here, but {message}")
+            return [f"  train: {_states_mode(ctx)} mode, states from a vLLM hidden-state server the run starts here"]
         if ext.get("backend") != "vllm":
             return [f"  extract: the verifier runs here (HF backend, device {ext.get('device')})"]
         if ext.get("endpoint"):
@@ -397,17 +413,30 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
                                         endpoints=[server.base_url], vllm_options=options))
 
 
+def _states_mode(ctx: RunContext) -> str:
+    """offline: extract, then train from disk; online/hybrid: train asks hidden-state servers (no extract stage)."""
+    return str(ctx.cfg["train"].get("hidden_states_mode") or "offline")
+
+
+# How train reaches its servers in online/hybrid mode (not what it learns): left out of the stage's key.
+_TRAIN_TRANSPORT = ("endpoint", "served_model", "online_concurrency", "hidden_states_dir", "prefetch")
+
+
 def _train_values(ctx: RunContext) -> dict[str, Any]:
     rd = ctx.run_dir
-    return {"prepared": str(rd / "prepared"), "hidden_states": str(rd / "hidden_states"), "vocab": str(rd / "vocab"),
+    hidden = "" if _states_mode(ctx) == "online" else str(rd / "hidden_states")  # hybrid stores its states there
+    return {"prepared": str(rd / "prepared"), "hidden_states": hidden, "vocab": str(rd / "vocab"),
             "out": str(rd / "train"), "verifier": ctx.verifier.name, **ctx.cfg["train"]}
 
 
 def _train_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     # the number of processes is in the key: it sets the optimizer step's batch (grad_accum x world size)
     n = train_processes(ctx.cfg.get("train_processes", "auto"))
-    return {**_train_values(ctx), "inputs": [ctx.keys["prepare"], ctx.keys["extract"], ctx.keys["vocab"]],
-            **({"processes": n} if n > 1 else {})}
+    values = {k: v for k, v in _train_values(ctx).items() if k not in _TRAIN_TRANSPORT}
+    offline = _states_mode(ctx) == "offline"
+    inputs = [ctx.keys["prepare"], ctx.keys["extract"] if offline else "served", ctx.keys["vocab"]]
+    return {**values, "inputs": inputs, **({"processes": n} if n > 1 else {}),
+            **(_with_serving(ctx) if not offline and not ctx.cfg["train"].get("endpoint") else {})}
 
 
 def train_processes(setting: int | str) -> int:
@@ -456,7 +485,21 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
     cfg.resume = (out / "checkpoints" / "latest.json").is_file()
     cfg.trust_remote_code = ctx.trust_remote_code  # recorded in the training metadata
     processes = train_processes(ctx.cfg.get("train_processes", "auto"))
-    r = train(cfg) if processes == 1 else train_under_torchrun(cfg, processes, ctx.run_dir / "train-launch.yaml")
+
+    def run() -> dict[str, Any]:
+        return train(cfg) if processes == 1 else train_under_torchrun(cfg, processes,
+                                                                      ctx.run_dir / "train-launch.yaml")
+    if _states_mode(ctx) == "offline" or cfg.endpoint:
+        r = run()
+    else:  # online/hybrid without endpoints: serve the verifier here for the stage's duration
+        from eagle3_train.serving.vllm_server import hidden_states_server
+
+        with hidden_states_server(ctx.verifier_dir, cfg.layer_ids, ctx.run_dir / "hidden-states-transfer",
+                                  trust_remote_code=ctx.trust_remote_code, log_path=ctx.run_dir / "vllm-train.log",
+                                  **ctx.serving()) as server:
+            cfg.endpoint, cfg.served_model = [server.base_url], server.model_name
+            cfg.hidden_states_dir = str(server.hidden_states_dir)
+            r = run()
     return {"tokens_per_s": r["tokens_per_s"], "steps": r["step"], "validation": r["validation"],
             "best": r["best"], "final": r.get("final")}
 
@@ -499,7 +542,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("vocab", "vocab", ("prepare",), "vocab/vocab.safetensors",
           lambda ctx, _v: {**ctx.cfg["vocab"], "prepared": ctx.keys["prepare"]}, _vocab_run, use=_summarize("vocab")),
     Stage("extract", "extract", ("prepare",), "hidden_states/manifest.json", _extract_key, _extract_run,
-          use=_summarize("extract")),
+          use=_summarize("extract"), enabled=lambda ctx: _states_mode(ctx) == "offline"),
     Stage("train", "train", ("prepare", "vocab", "extract"), "train/final", _train_key, _train_run,
           use=_summarize("train")),
     Stage("export", "export", ("train",), "export-{variant}/config.json",

@@ -35,10 +35,9 @@ class TrainConfig:
                    "every batch, write nothing; hybrid: ask them in the first epoch, store the states as an "
                    "ordinary hidden-states dir and read that afterwards")
     endpoint: list[str] = setting(default_factory=list, help="online/hybrid: hidden-state server URL ending in /v1 "
-                                  "(`eagle3-train serve --extract-hidden-states`); repeat to spread the load",
-                                  yaml=False)
-    served_model: str | None = setting(None, "online/hybrid: served model name (default: the only one served)",
-                                       yaml=False)
+                                  "(`eagle3-train serve --extract-hidden-states`); repeat to spread the load; in a "
+                                  "run config without endpoints the run starts one with the serving section")
+    served_model: str | None = setting(None, "online/hybrid: served model name (default: the only one served)")
     layer_ids: str | list[int] | None = setting(
         None, "online/hybrid: the three aux layers 'low,mid,high' (default 2,L//2,L-3; offline: the extract's)")
     hidden_states_dtype: Literal["bfloat16", "float16", "float32"] = setting(
@@ -46,7 +45,7 @@ class TrainConfig:
     prefetch: int = setting(2, "online/hybrid: batches requested ahead of use (at most this many wait in memory)",
                             valid=">= 0")
     online_concurrency: int = setting(8, "online/hybrid: requests in flight per rank over all endpoints", valid=">= 1")
-    hidden_states_dir: str | None = setting(None, "online/hybrid: " + HS_DIR_HELP, yaml=False)
+    hidden_states_dir: str | None = setting(None, "online/hybrid: " + HS_DIR_HELP)
     vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
     out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)
