@@ -162,3 +162,29 @@ def test_kimi_mla_draft_finetune_dry_run_at_full_size(kimi, tmp_path):
     with pytest.raises(Eagle3InputError, match="train.architecture=mla but the finetune source"):
         dry_run(kimi_train_config(paths, tmp_path / "t2", finetune_from=str(write_aq_medai_draft(tmp_path / "aq")),
                                   architecture="mla"))
+
+
+@pytest.mark.parametrize("torchspec_vllm_export", [True, False])
+def test_a_torchspec_export_for_vllm_keeps_its_nested_ids_unshifted(tmp_path, torchspec_vllm_export):
+    """TorchSpec's exporter writes a kimi_k2 draft for vLLM with `layers.0.*` names and every aux id +1, the nested
+    ones too: those nested ids already mean inputs of layers (vLLM). Its native export (`midlayer.*`) keeps them as
+    outputs of layers (SGLang). Read by producer; the note names both readings."""
+    from draft_layouts import write_sparse_safetensors
+    from kimi_layouts import AQ_MEDAI_CONFIG, aq_medai_shapes
+
+    from eagle3_train.checkpoints.formats import AUX_NESTED, AUX_NESTED_VLLM, load_draft_source
+
+    d = tmp_path / "torchspec-export"
+    d.mkdir()
+    nested = [3, 31, 59] if torchspec_vllm_export else [2, 30, 58]
+    config = {**AQ_MEDAI_CONFIG, "model_type": "kimi_k2", "_torchspec_version": "0.3.0",
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": nested, "use_aux_hidden_state": True}}
+    (d / "config.json").write_text(json.dumps(config))
+    prefix = "layers.0." if torchspec_vllm_export else "midlayer."
+    shapes = {k.replace("midlayer.", prefix): s for k, s in aq_medai_shapes(False).items()}
+    write_sparse_safetensors(d / "model.safetensors", shapes, {})
+    loaded = load_draft_source(d, shapes_only=True)
+    assert list(loaded.config.aux_layer_ids) == list(LAYERS)  # inputs of 3, 31, 59 either way
+    assert loaded.aux_ids_origin == (AUX_NESTED_VLLM if torchspec_vllm_export else AUX_NESTED)
+    if torchspec_vllm_export:
+        assert any("inputs of layers [3, 31, 59]" in n and "inputs of [4, 32, 60]" in n for n in loaded.notes)

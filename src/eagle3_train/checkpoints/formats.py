@@ -33,6 +33,16 @@ OURS, EAGLE, SPECULATORS = "eagle3-train", "eagle", "speculators"
 # Where the aux-layer ids came from: our draft_config.json, the top-level key (vLLM, "input of layer i"), only the
 # nested eagle_config key (SGLang, "output of layer i", shifted +1), or nowhere (the engines' default for the verifier).
 AUX_OURS, AUX_TOP, AUX_NESTED, AUX_DEFAULT = "ours", "top-level", "nested", "default"
+# nested ids that a producer already wrote in vLLM's convention: TorchSpec's exporter, exporting a kimi_k2 draft for
+# vLLM (keys `layers.0.*`), adds 1 to every id, the nested ones too (tools/convert_to_hf.py, _fixup_export_config)
+AUX_NESTED_VLLM = "nested (vLLM convention: TorchSpec's vLLM export)"
+
+
+def nested_convention(config: dict[str, Any], raw_names: Any) -> str:
+    """How a source's eagle_config ids are meant, by producer: "vllm" for a TorchSpec export made for vLLM
+    (`_torchspec_version` in its config, `layers.0.` tensor names), else "sglang" (output of layer i)."""
+    vllm_names = not any(str(k).startswith("midlayer.") for k in raw_names)
+    return "vllm" if "_torchspec_version" in config and vllm_names else "sglang"
 _SMALL = ("d2t", "t2d")  # read for real even when only shapes are asked for
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -152,37 +162,43 @@ def _aux_list(value: Any, key: str, where: str) -> list[int] | None:
     return [int(i) for i in value]
 
 
-def read_aux_ids(cfg: dict[str, Any], fmt: str, where: str = "draft config") -> tuple[list[int] | None, str]:
+def read_aux_ids(cfg: dict[str, Any], fmt: str, where: str = "draft config",
+                 nested: str = "sglang") -> tuple[list[int] | None, str]:
     """The verifier layers a draft's features come from, in vLLM's convention (input of layer i), and their origin.
 
     Top-level ids are vLLM's (input of layer i); ids only in `eagle_config` are SGLang's (output of layer i = input of
-    i+1), shifted here; both present must name the same layers; neither = the engines' default (None here).
+    i+1), shifted here, unless the producer wrote them in vLLM's convention (`nested="vllm"`: TorchSpec's vLLM
+    export, see `nested_convention`); both present must name the same layers; neither = the engines' default.
     """
     if fmt == OURS:
         return list(cfg.get("aux_layer_ids") or []) or None, AUX_OURS
     top = _aux_list(cfg.get("eagle_aux_hidden_state_layer_ids") or None, "eagle_aux_hidden_state_layer_ids", where)
-    nested = _aux_list((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None,
-                       "eagle_config.eagle_aux_hidden_state_layer_ids", where)
-    if top and nested and [i + 1 for i in nested] != top:
+    nested_ids = _aux_list((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None,
+                           "eagle_config.eagle_aux_hidden_state_layer_ids", where)
+    shift = 0 if nested == "vllm" else 1
+    if top and nested_ids and [i + shift for i in nested_ids] != top:
         raise Eagle3InputError(
             f"{where}: eagle_aux_hidden_state_layer_ids {top} (vLLM: inputs of layers {top}) and "
-            f"eagle_config.eagle_aux_hidden_state_layer_ids {nested} (SGLang: outputs of layers {nested} = inputs of "
-            f"{[i + 1 for i in nested]}) name different verifier layers: vLLM and SGLang would feed this draft "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids {nested_ids} (SGLang: outputs of layers {nested_ids} = "
+            f"inputs of {[i + 1 for i in nested_ids]}; as vLLM reads them: inputs of {nested_ids}) name different "
+            f"verifier layers: vLLM and SGLang would feed this draft "
             f"different features, and nobody can tell which ones it was trained on. Fix the config (nested = "
             f"top-level - 1) with the layers the draft was trained on.")
     if top:
         return top, AUX_TOP
-    if nested:
-        return [i + 1 for i in nested], AUX_NESTED
+    if nested_ids and nested == "vllm":
+        return nested_ids, AUX_NESTED_VLLM
+    if nested_ids:
+        return [i + 1 for i in nested_ids], AUX_NESTED
     return None, AUX_DEFAULT
 
 
-def aux_ids_origin(cfg: dict[str, Any], fmt: str) -> str:
-    return read_aux_ids(cfg, fmt)[1]
+def aux_ids_origin(cfg: dict[str, Any], fmt: str, nested: str = "sglang") -> str:
+    return read_aux_ids(cfg, fmt, nested=nested)[1]
 
 
 def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch.Tensor],
-                         notes: list[str], where: str = "draft config") -> DraftConfig:
+                         notes: list[str], where: str = "draft config", nested: str = "sglang") -> DraftConfig:
     """Translate an EAGLE- or speculators-format config.json into our DraftConfig."""
     if fmt == SPECULATORS:
         layer = dict(cfg.get("transformer_layer_config") or {})
@@ -197,7 +213,11 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
     theta, scaling = _rope(layer)
     lm = tensors.get("lm_head.weight")
     vd = _pick(top, "draft_vocab_size", default=lm.shape[0] if lm is not None else layer.get("vocab_size"))
-    ids, origin = read_aux_ids(top, fmt, where)
+    ids, origin = read_aux_ids(top, fmt, where, nested)
+    if origin == AUX_NESTED_VLLM:
+        notes.append(f"aux layer ids only in eagle_config {ids}: a TorchSpec export for vLLM, whose exporter writes "
+                     f"them as vLLM ids (inputs of layers {ids}); read unshifted. Read as SGLang's output-of-layer ids "
+                     f"they would be inputs of {[i + 1 for i in ids]}")
     if origin == AUX_NESTED:
         notes.append(f"aux layer ids only in eagle_config {[i - 1 for i in ids]}: read in SGLang's convention "
                      f"(output of layer i) as vLLM ids {ids}; vLLM itself would read them unshifted - check the "
@@ -340,7 +360,8 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
             raise Eagle3InputError(f"{config_file}: {e}") from None
     else:
         try:
-            config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path))
+            config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path),
+                                          nested_convention(source_config, raw))
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
         except Eagle3InputError as e:
@@ -364,7 +385,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
     metadata = read_json(meta_path, "training metadata") if meta_path.is_file() else None
     hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}
     return LoadedDraft(path, fmt, config, tensors, hashes, source_config, renamed, extra, unknown, notes, metadata,
-                       aux_ids_origin(source_config, fmt), files)
+                       aux_ids_origin(source_config, fmt, nested_convention(source_config, raw)), files)
 
 
 def _download(repo_id: str) -> Path:

@@ -35,6 +35,7 @@ from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dim
 from eagle3_train.checkpoints.formats import (
     AUX_DEFAULT,
     AUX_NESTED,
+    AUX_NESTED_VLLM,
     AUX_OURS,
     AUX_TOP,
     LoadedDraft,
@@ -98,6 +99,9 @@ def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, 
                            "eagle_aux_hidden_state_layer_ids") else ""),
               AUX_NESTED: "from eagle_config.eagle_aux_hidden_state_layer_ids only (SGLang convention: output of layer "
                           "i, shifted by +1)",
+              AUX_NESTED_VLLM: "from eagle_config.eagle_aux_hidden_state_layer_ids only, which TorchSpec's vLLM export "
+                               "writes in vLLM's convention (input of layer i; as SGLang ids they would be one "
+                               "layer later)",
               AUX_DEFAULT: f"its config names none, so the engines' default (2, L//2, L-3) for this {L}-layer verifier"
               }[loaded.aux_ids_origin]
     record = {"source": src, "source_origin": loaded.aux_ids_origin, "source_explained": f"{_layers(src)}, {origin}",
