@@ -185,21 +185,25 @@ def test_the_train_stage_runs_data_parallel_under_torchrun(tiny_stages, tmp_path
     assert r["step"] == 2 and r["world_size"] == 2 and r["validation"] and (tmp_path / "train" / "final").is_dir()
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_dir, capsys):
+def served_run_config(tmp_path, tiny_llama_dir, extract: dict | None = None, train: dict | None = None) -> dict:
+    """A small run config whose hidden states come from a vLLM server the run starts (needs the vLLM env)."""
     from vllm_helpers import require_vllm
 
     require_vllm()
-    verifier = tiny_llama_dir(initializer_range=0.5)
-    config = {
-        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
+    return {
+        "run_dir": str(tmp_path / "run"), "verifier": str(tiny_llama_dir(initializer_range=0.5)),
         "prepare": {"data": "sharegpt", "limit": 8, "max_length": 96, "val_fraction": 0.25},
-        "vocab": {"size": 256}, "extract": {"backend": "vllm", "dtype": "bfloat16"},
-        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False},
+        "vocab": {"size": 256}, "extract": extract or {},
+        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False, **(train or {})},
         "export": {"formats": ["eagle"]}, "evaluate": {"vllm": False, "offline": False},
         "serving": {"max_model_len": 512},
     }
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_dir, capsys):
+    config = served_run_config(tmp_path, tiny_llama_dir, extract={"backend": "vllm", "dtype": "bfloat16"})
     Pipeline(config).dry_run()
     assert "extract: states from a vLLM hidden-state server the run starts here" in capsys.readouterr().out
     Pipeline(config).run()
@@ -218,19 +222,7 @@ def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_pipeline_trains_online_from_a_server_it_starts(tmp_path, tiny_llama_dir, capsys):
-    from vllm_helpers import require_vllm
-
-    require_vllm()
-    verifier = tiny_llama_dir(initializer_range=0.5)
-    config = {
-        "run_dir": str(tmp_path / "run"), "verifier": str(verifier),
-        "prepare": {"data": "sharegpt", "limit": 8, "max_length": 96, "val_fraction": 0.25},
-        "vocab": {"size": 256},
-        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False,
-                  "hidden_states_mode": "online"},
-        "export": {"formats": ["eagle"]}, "evaluate": {"vllm": False, "offline": False},
-        "serving": {"max_model_len": 512},
-    }
+    config = served_run_config(tmp_path, tiny_llama_dir, train={"hidden_states_mode": "online"})
     Pipeline(config).dry_run()
     out = capsys.readouterr().out
     assert "extract: off" in out and "online mode, states from a vLLM hidden-state server the run starts" in out

@@ -198,12 +198,7 @@ class Pipeline:
             if tr.get("endpoint"):
                 return [f"  train: {_states_mode(ctx)} mode, states from the servers {tr['endpoint']} (the train dry "
                         f"run asks them)"]
-            from eagle3_train.serving.vllm_server import vllm_available
-
-            ok, message = vllm_available()
-            if not ok:
-                raise Eagle3InputError(f"train.hidden_states_mode is {_states_mode(ctx)} without endpoints, so the "
-                                       f"run would start a hidden-state server here, but {message}")
+            _check_local_server(f"train.hidden_states_mode is {_states_mode(ctx)}")
             return [f"  train: {_states_mode(ctx)} mode, states from a vLLM hidden-state server the run starts here"]
         if ext.get("backend") != "vllm":
             return [f"  extract: the verifier runs here (HF backend, device {ext.get('device')})"]
@@ -218,12 +213,7 @@ class Pipeline:
                 client.close()
             return [f"  extract: states from the vLLM servers {ext['endpoint']}: answered (model {servers['model']}, "
                     f"vLLM {servers['vllm_version']})"]
-        from eagle3_train.serving.vllm_server import vllm_available
-
-        ok, message = vllm_available()
-        if not ok:
-            raise Eagle3InputError(f"extract.backend is vllm without endpoints, so the run would start a "
-                                   f"hidden-state server here, but {message}")
+        _check_local_server("extract.backend is vllm")
         return ["  extract: states from a vLLM hidden-state server the run starts here (serving section)"]
 
     def plan(self, ctx: RunContext | None = None) -> dict[str, tuple[str, str]]:
@@ -259,6 +249,16 @@ class Pipeline:
         except Eagle3InputError as e:
             return f"would run ({e})"
         return "done (skipped)"
+
+
+def _check_local_server(setting: str) -> None:
+    """A run that starts its own hidden-state server needs the vLLM environment: say so before it starts."""
+    from eagle3_train.serving.vllm_server import vllm_available
+
+    ok, message = vllm_available()
+    if not ok:
+        raise Eagle3InputError(f"{setting} without endpoints, so the run would start a hidden-state server here, but "
+                               f"{message}")
 
 
 # --- the stages -----------------------------------------------------------------------------------------------------
