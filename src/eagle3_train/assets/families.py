@@ -53,7 +53,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("cohere", ("cohere", "cohere2", "stablelm"), final_norm="layernorm"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-GENERIC = Family("generic", ())  # an unlisted model type: a Llama-like decoder is assumed (and logged by callers)
+GENERIC = Family("generic", ())  # an unlisted model type: a Llama-like decoder is assumed
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:

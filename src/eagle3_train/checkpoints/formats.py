@@ -352,6 +352,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         if absent:
             raise Eagle3InputError(f"{index} lists tensors that no shard holds (incomplete download?): {absent[:5]}")
     tensors, extra, unknown, renamed = _rename_all(raw, path)
+    nested = nested_convention(source_config, raw)  # how its eagle_config ids are meant, by producer
     config_file = directory / "draft_config.json" if ours else cfg_path
     if fmt == OURS:
         try:
@@ -360,8 +361,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
             raise Eagle3InputError(f"{config_file}: {e}") from None
     else:
         try:
-            config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path),
-                                          nested_convention(source_config, raw))
+            config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path), nested)
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
         except Eagle3InputError as e:
@@ -385,7 +385,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
     metadata = read_json(meta_path, "training metadata") if meta_path.is_file() else None
     hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}
     return LoadedDraft(path, fmt, config, tensors, hashes, source_config, renamed, extra, unknown, notes, metadata,
-                       aux_ids_origin(source_config, fmt, nested_convention(source_config, raw)), files)
+                       aux_ids_origin(source_config, fmt, nested), files)
 
 
 def _download(repo_id: str) -> Path:

@@ -61,7 +61,7 @@ def split_at_user_turns(messages: list[dict[str, Any]]) -> list[list[dict[str, A
     turns before this user turn marked as unsupervised context. A conversation whose only reasoning is after its
     last user turn is returned whole."""
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    if not any(m.get(REASONING_KEY) for m in messages[: users[-1]] if m["role"] == "assistant") if users else True:
+    if not users or not any(m.get(REASONING_KEY) for m in messages[: users[-1]] if m["role"] == "assistant"):
         return [messages]
     samples = []
     for j, u in enumerate(users):

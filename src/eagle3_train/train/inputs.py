@@ -100,10 +100,7 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
     # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
     check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
                         require_complete=False, where=f"the hidden states in {hidden}")
-    if head_shapes_only:
-        embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
-    else:
-        embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    embed, lm_head, vcfg = _verifier_head(verifier_dir, head_shapes_only)
     vpath, vsha, d2t, t2d = _run_vocab(cfg, vcfg.get("text_config", vcfg)["vocab_size"])
     fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
     layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
@@ -112,6 +109,13 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
                      vpath, vsha, d2t, t2d, str(verifier_name), verifier_dir,
                      {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids,
                      logit_transform(verifier_dir, read_bias=not head_shapes_only))
+
+
+def _verifier_head(verifier_dir: Path, head_shapes_only: bool):
+    """(embedding, lm_head, config): the tensors, or (dry run) meta tensors of their shapes, no weight data read."""
+    if head_shapes_only:
+        return verifier_head_shapes(verifier_dir)[:3]
+    return load_verifier_head(verifier_dir)
 
 
 def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str,
@@ -126,10 +130,7 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
         prepared_manifest.get("verifier"), f"the prepared data {prepared}")
     verifier_name, verifier_dir, identity = verifier.name, verifier.path, verifier.identity()
-    if head_shapes_only:
-        embed, lm_head, vcfg, _ = verifier_head_shapes(verifier_dir)
-    else:
-        embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    embed, lm_head, vcfg = _verifier_head(verifier_dir, head_shapes_only)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                f"verifier {verifier_name}")
