@@ -38,7 +38,8 @@ def test_attention_is_deepseek_v3_attention_on_the_same_weights(q_lora_rank):
     hf_cfg = deepseek_config(cfg)
     hf_cfg._attn_implementation = "eager"
     hf = DeepseekV3Attention(hf_cfg, layer_idx=0)
-    assert hf.load_state_dict(ours.state_dict(), strict=True)  # the same names and shapes
+    keys = hf.load_state_dict(ours.state_dict(), strict=True)  # the same names and shapes (strict raises otherwise)
+    assert not keys.missing_keys and not keys.unexpected_keys
     assert ours.scale == hf.scaling and ours.scale != (8 + 8) ** -0.5  # YaRN's mscale is in the scale
     rotary = Eagle3Draft(cfg).rotary
     x = torch.randn(2, 11, cfg.hidden_size)
