@@ -95,6 +95,7 @@ def brute_force_rounds(turn: dict, reference: list[int], k: int) -> None:
             expect += 1
         assert r["accepted"] == expect
         assert r["emitted"] == reference[s: s + len(r["emitted"])]
+        assert len(r["draft_margins"]) == k and all(m >= 0 for m in r["draft_margins"])
         emitted += r["emitted"]
     assert emitted == reference
 

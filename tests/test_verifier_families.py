@@ -89,14 +89,27 @@ def on_policy_stages(verifier: Path, root: Path) -> tuple[list, list[list[int]],
     return prompts, prompt_ids, plain
 
 
-def assert_draft_for_draft(compared: list[tuple[tuple[int, int], tuple[int, int]]]) -> None:
-    """vLLM's (drafts, accepted) equal the offline evaluator's prompt by prompt; in bf16 the draft itself may meet a
-    near-tie between vLLM's kernels and ours (its own top two logits equal in bf16), which moves one draft of one
-    prompt: allowed once, by one draft (measured: 0 or 1 such prompt per run)."""
+def assert_draft_for_draft(served: list[tuple[list[int], dict]], offline: dict, label: str) -> None:
+    """vLLM's (drafts, accepted) equal the offline evaluator's on the prompts whose output is the same on both sides.
+    vLLM counts every draft the verifier matched, also past max_tokens (it truncates the output afterwards): so does
+    the offline evaluator's `matched`. In bf16 the draft's own top two logits often tie within a rounding step (its
+    closest margin per prompt is printed: 0 to 0.05 logit std here), and vLLM's kernels may break such a tie the other
+    way: that moves one draft of one round, (drafts, accepted) by at most one each. So a prompt may differ by that
+    much where the draft met a near-tie, on at most half the prompts (measured: 0 or 1 of 5 per run on an AMX host,
+    2 on a CI host); a wrong draft, layer or feature order moves most prompts by several drafts."""
+    compared = []
+    for (tokens, acc), rec in zip(served, offline["prompts"], strict=True):
+        turn = rec["turns"][0]
+        if tokens != turn["tokens"][:len(tokens)]:
+            continue  # the HF verifier and vLLM produced different text (kernel near-ties): nothing to compare
+        closest = min(m for r in turn["rounds"] for m in r["draft_margins"])
+        compared.append(((acc["num_drafts"], acc["num_accepted_tokens"]), (turn["drafts"], turn["matched"]),
+                         round(closest, 4)))
+    print(f"\n[{label}] vLLM vs offline (drafts, accepted) per prompt, with the draft's closest tie: {compared}")
     assert len(compared) >= PROMPTS // 2, f"too few prompts with the same output on both sides: {compared}"
-    differing = [(v, o) for v, o in compared if v != o]
-    assert len(differing) <= 1 and all(abs(v[0] - o[0]) <= 1 and abs(v[1] - o[1]) <= 1 for v, o in differing), \
-        compared
+    differing = [(v, o) for v, o, closest in compared if v != o and closest < TIE
+                 and abs(v[0] - o[0]) <= 1 and abs(v[1] - o[1]) <= 1]
+    assert len(differing) == sum(v != o for v, o, _ in compared) <= len(compared) // 2, compared
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -174,13 +187,4 @@ def test_greedy_output_is_identical_with_and_without_the_draft(run):
 
 
 def test_offline_acceptance_equals_vllm_draft_for_draft(run):
-    compared = []
-    for (tokens, acc), rec in zip(run["served"], run["offline"]["prompts"], strict=True):
-        turn = rec["turns"][0]
-        if tokens != turn["tokens"][:len(tokens)]:
-            continue  # the HF verifier and vLLM produced different text (kernel near-ties): nothing to compare
-        compared.append(((acc["num_drafts"], acc["num_accepted_tokens"]), (turn["drafts"], turn["matched"])))
-    # vLLM counts every draft the verifier matched, also past max_tokens (it truncates the output afterwards): so
-    # does the offline evaluator's `matched` (its `accepted` stops at the budget)
-    print(f"\n[{run['family']}] offline vs vLLM, (drafts, accepted) per prompt: {compared}")
-    assert_draft_for_draft(compared)
+    assert_draft_for_draft(run["served"], run["offline"], run["family"])

@@ -158,6 +158,14 @@ def _finish(tokens: list[int], new: list[int], stop: set[int], max_new_tokens: i
     return new[:room], done
 
 
+def _margin(logits: torch.Tensor) -> float:
+    """The draft's top-1 minus top-2 logit in units of its logits' standard deviation: how close its choice was to a
+    tie, which another engine's kernels may break the other way."""
+    logits = logits.float()
+    top, std = logits.topk(2).values, logits.std()
+    return float((top[0] - top[1]) / std) if std > 0 else 0.0  # all equal: a tie
+
+
 @torch.no_grad()
 def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[int], k: int, max_new_tokens: int,
                  stop: set[int], record_rounds: bool = False) -> TurnOutput:
@@ -182,11 +190,14 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
         d_logits, h_next, kv = draft.forward_cached(h, step_ids, pos, kv)
         draft_len = len(ids) - 1
         proposal = [int(to_target[d_logits[0, -1].argmax()])]
+        margins = [_margin(d_logits[0, -1])] if record_rounds else []
         h = h_next[:, -1:]
         for j in range(1, k):
             d_logits, h, kv = draft.forward_cached(h, torch.tensor([[proposal[-1]]], device=device),
                                                    torch.tensor([[draft_len - 1 + j]], device=device), kv)
             proposal.append(int(to_target[d_logits[0, -1].argmax()]))
+            if record_rounds:
+                margins.append(_margin(d_logits[0, -1]))
         # Verification of [last, d_1..d_k] in one forward.
         v_logits, aux = verifier([ids[-1]] + proposal, cache, len(ids) - 1)
         out.verifier_forwards += 1
@@ -202,7 +213,7 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
             out.accepted_per_pos[i] += 1
         if record_rounds:
             out.rounds.append({"start": len(out.tokens), "proposal": proposal, "accepted": counted, "matched": a,
-                               "emitted": new})
+                               "emitted": new, "draft_margins": margins})
         out.tokens += new
         ids += new
         if a < k:  # drop the rejected drafts; crop(0) would empty the cache in some transformers versions
