@@ -23,6 +23,7 @@ from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.evaluate.pipeline_eval import served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
+from eagle3_train.generate.regenerate import recover_jsonl, regenerate
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
@@ -59,6 +60,7 @@ def kimi(tmp_path_factory, smollm2_dir):
         assert cli.main(["generate", "--data", "sharegpt", "--out", str(root / "generated"), "--endpoint",
                          srv.base_url, "--limit", "120", "--set", "max_turns=1", "--max-tokens", "96",
                          "--concurrency", "8"]) == 0
+        thinking = thinking_runs(srv.base_url, srv.model_name, root)
     prepare(data, verifier, root / "agentic", max_length=1024, val_count=0, trust_remote_code=True)
     prepare(root / "generated", verifier, root / "prepared", max_length=192, val_count=2, trust_remote_code=True)
     build_vocab(root / "prepared", root / "vocab", size=4096)
@@ -72,7 +74,27 @@ def kimi(tmp_path_factory, smollm2_dir):
                       vocab=str(root / "vocab"), out=str(root / "train"), ttt_steps=3, epochs=4, token_budget=1024,
                       lr=2e-3, warmup_ratio=0.05, tensorboard=False, trust_remote_code=True))
     export(root / "train", root / "draft", fmt="eagle")
-    return {"root": root, "verifier": verifier, "rendered": rendered}
+    return {"root": root, "verifier": verifier, "rendered": rendered, "thinking": thinking}
+
+
+MULTI_TURN = [{"id": f"mt{i}", "messages": [{"role": "user", "content": f"Question {i}: what is {t}?"},
+                                            {"role": "assistant", "content": "-"},
+                                            {"role": "user", "content": "And why?"},
+                                            {"role": "assistant", "content": "-"}]}
+              for i, t in enumerate(["rain", "tea", "a clock", "bees", "winter", "bread"])]
+
+
+def thinking_runs(url: str, model: str, root) -> dict:
+    """Regenerate multi-turn conversations as a thinking model's 25K-sample run would: first only the first wave
+    (the ETA), then resumed to the end, with turns cut at max_tokens; and the same with thinking switched off."""
+    source = root / "multi_turn.jsonl"
+    source.write_text("".join(json.dumps(c) + "\n" for c in MULTI_TURN))
+    kw = dict(max_tokens=12, concurrency=2, seed=0)
+    first = regenerate(source, root / "thinking", [url], model, estimate_only=True, **kw)
+    resumed = regenerate(source, root / "thinking", [url], model, **kw)
+    off = regenerate(source, root / "instant", [url], model, reasoning="disable", **kw)
+    agentic = regenerate(root / "agentic.jsonl", root / "agentic-regenerated", [url], model, max_tokens=48, seed=0)
+    return {"first": first, "resumed": resumed, "off": off, "agentic": agentic}
 
 
 def test_prepared_ids_are_what_vllm_renders_and_tokenizes(kimi):
@@ -95,3 +117,45 @@ def test_served_and_offline_acceptance_of_the_trained_draft(kimi):
     assert greedy["identical"] == greedy["compared"] == len(prompts), greedy
     # a random draft scores 1.00; measured here 1.27 served, 1.26 offline (4 prompts, bf16 near-ties on both sides)
     assert tau_served > 1.1 and abs(tau_served - tau_offline) < 0.1
+
+
+def test_thinking_run_estimates_resumes_counts_cut_turns_and_switches_thinking_kimi_style(kimi):
+    t, root = kimi["thinking"], kimi["root"]
+    first, resumed, off = t["first"], t["resumed"], t["off"]
+    assert first["thinking"]["style"] == "kimi" and first["thinking"]["found_by"] == "chat template and model name"
+    assert first["thinking"]["recommended_sampling"] == {"temperature": 1.0, "top_p": 0.95}
+    # the first wave (one conversation per request in flight) measured the rest's ETA, then the run stopped (the
+    # conversations in flight by then are finished and kept)
+    assert first["status"] == "estimated" and 2 <= first["counts"]["done"] < 2 + 2
+    assert first["eta"]["remaining_conversations"] == 4 and first["eta"]["estimated_remaining_s"] > 0
+    print(f"\n[kimi-sim] ETA after the first wave: {first['eta']}; the rest took {resumed['this_run']['wall_s']} s")
+    assert resumed["status"] == "complete" and resumed["counts"]["done"] == len(MULTI_TURN)
+    records = recover_jsonl(root / "thinking" / "conversations.jsonl")[0]
+    assert sorted(r["id"] for r in records) == sorted(c["id"] for c in MULTI_TURN)  # no duplicate, no gap
+    # a turn cut at max_tokens ends its conversation there, kept and counted
+    cut = [r for r in records if r["turns"][-1]["finish_reason"] == "length"]
+    assert all(r.get("truncated") == "max_tokens" and len(r["turns"]) == 1 for r in cut)
+    assert resumed["counts"]["cut_at_max_tokens_kept"] == len(cut) > 0
+    assert all(len(r["turns"]) == 2 for r in records if r not in cut)
+    # thinking off the Kimi way: the template's generation prompt gains <think></think>, two special tokens
+    instant = {r["id"]: r for r in recover_jsonl(root / "instant" / "conversations.jsonl")[0]}
+    assert off["thinking"]["request_extra"] == {"chat_template_kwargs": {"thinking": False}}
+    for r in records:
+        assert instant[r["id"]]["turns"][0]["usage"]["prompt_tokens"] == r["turns"][0]["usage"]["prompt_tokens"] + 2
+    # prepare keeps the cut turns: what the model generated is on-policy text
+    prepare(root / "thinking", kimi["verifier"], root / "thinking-prepared", max_length=256, val_count=0,
+            trust_remote_code=True)
+    assert len(load_prepared(root / "thinking-prepared")[0]["train"]) >= len(MULTI_TURN)
+
+
+def test_an_agentic_trace_is_regenerated_around_its_recorded_tool_calls(kimi):
+    root = kimi["root"]
+    assert kimi["thinking"]["agentic"]["this_run"]["tool_call_turns_kept"] == 1
+    (record,) = recover_jsonl(root / "agentic-regenerated" / "conversations.jsonl")[0]
+    source = CONVERSATION["messages"]
+    assert record["messages"][:4] == source[:4]  # the call (with its reasoning) and its result, as recorded
+    assert record["turns"][0] == {"kept": "tool_calls"} and "usage" in record["turns"][1]  # the answer: regenerated
+    assert record["messages"][4]["role"] == "assistant" and "tool_calls" not in record["messages"][4]
+    prepare(root / "agentic-regenerated", kimi["verifier"], root / "agentic-regenerated-prepared", max_length=512,
+            val_count=0, trust_remote_code=True)
+    assert load_prepared(root / "agentic-regenerated-prepared")[0]["train"]

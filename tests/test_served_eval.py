@@ -118,3 +118,34 @@ def test_evaluate_served_cli_with_out_writes_results_and_chart(servers, tmp_path
     assert saved["n_prompts"] == 3 and saved["acceptance"]["num_drafts"] > 0
     assert (out / "acceptance_by_position.png").read_bytes()[:4] == b"\x89PNG"
     assert "served" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_held_out_prompts_at_two_temperatures(servers, smollm2_dir, tmp_path, capsys):
+    """A draft judged on what it will serve: the validation split of the prepared data as prompts (held out from
+    training), long answers, at temperature 0 and at a sampling temperature, on the same server, one table."""
+    from eagle3_train.cli import main
+    from eagle3_train.data.prepare import load_prepared, prepare
+
+    _, spec = servers
+    data = tmp_path / "chats.jsonl"
+    topics = ["rivers", "owls", "copper", "jazz", "glaciers", "chess", "ferns", "comets"]
+    data.write_text("".join(json.dumps({"id": f"c{i}", "messages": [
+        {"role": "user", "content": f"Tell me about {t}."}, {"role": "assistant", "content": f"{t} are fine."}]}) + "\n"
+        for i, t in enumerate(topics)))
+    prepare(data, smollm2_dir, tmp_path / "prepared", val_count=3, seed=0)
+    held = sorted(load_prepared(tmp_path / "prepared")[0]["validation"]["id"])
+    out = tmp_path / "ev"
+    assert main(["evaluate", "served", "--endpoint", spec.base_url, "--prompts", str(tmp_path / "prepared"),
+                 "--max-tokens", "48", "--concurrency", "2", "--also-temperature", "1.0", "--out", str(out)]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["benchmarks"] == ["held-out:prepared"] and saved["n_prompts"] == len(held) == 3
+    ids = sorted(json.loads(x)["id"] for x in (out / "served_completions.jsonl").read_text().splitlines())
+    assert ids == held
+    at = saved["at_temperature"]
+    assert sorted(at) == ["0.0", "1.0"] and all(at[t]["num_drafts"] > 0 for t in at)
+    assert at["0.0"]["mean_acceptance_length"] == saved["acceptance"]["mean_acceptance_length"]
+    assert len(at["1.0"]["per_position_acceptance"]) == spec.speculative["num_speculative_tokens"]
+    table = capsys.readouterr().out
+    assert "served T=0.0" in table and "served T=1.0" in table

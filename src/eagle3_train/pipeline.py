@@ -595,7 +595,12 @@ def format_summary(s: dict[str, Any]) -> str:
     ev = s.get("evaluate") or {}
     for name, res in ev.items():
         if isinstance(res, dict) and "mean_acceptance_length" in res:
-            rows.append((f"acceptance length: {name}", f"{res['mean_acceptance_length']:.3f}"))
+            temps = res.get("at_temperature") or {}
+            if len(temps) > 1:  # one row per temperature
+                rows += [(f"acceptance length: {name}, T {t}", f"{a:.3f}" if a is not None else "-")
+                         for t, a in temps.items()]
+            else:
+                rows.append((f"acceptance length: {name}", f"{res['mean_acceptance_length']:.3f}"))
     for fmt, path in (s.get("exports") or {}).items():
         rows.append((f"exported draft ({fmt})", path))
     for fmt, cmd in (s.get("serve") or {}).items():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from eagle3_train.assets.thinking import ThinkingStyleName
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
 from eagle3_train.train.config import HS_DIR_HELP, TrainConfig
 from eagle3_train.utils.settings import markdown_table, setting
@@ -113,12 +114,24 @@ class GenerateSettings:
     max_turns: int | None = setting(None, "keep the first N user turns of each conversation (each turn costs "
                                           "another generation)", cli=False, valid=">= 1")
     concurrency: int = setting(CONCURRENCY, "conversations in flight", valid=">= 1")
-    max_tokens: int = setting(512, "max new tokens per assistant turn", valid=">= 1")
-    temperature: float = setting(0.0, "sampling temperature", valid=">= 0")
+    max_tokens: int | None = setting(
+        None, "max new tokens per assistant turn (default: 512; with thinking on a thinking model, half the server's "
+              "max_model_len up to 32768, else 16384: a cut reasoning is a cut turn)", valid=">= 1")
+    truncated_turns: Literal["keep", "drop"] = setting(
+        "keep", "a turn cut at max_tokens ends its conversation: keep what was generated (on-policy tokens) or drop "
+                "the conversation (to skipped.jsonl); counted in the manifest either way")
+    temperature: float = setting(0.0, "sampling temperature (the manifest records the family's recommended one)",
+                                 valid=">= 0")
     top_p: float = setting(1.0, "nucleus sampling threshold", valid="(0, 1]")
     seed: int | None = setting(None, "base seed; each request gets one derived from (seed, id, turn)")
     reasoning: Reasoning = setting("keep", "reasoning text: keep as reasoning_content, strip it, or disable thinking "
-                                           "in the chat template")
+                                           "(the request that does it is the thinking style's)")
+    thinking_style: ThinkingStyleName = setting(
+        "auto", "how the verifier's thinking is switched and what sampling its makers recommend (README, 'Thinking "
+                "models'); auto: from the chat template of a local model, else from the served model's name")
+    estimate_only: bool = setting(False, "regenerate the first wave of conversations (one per request in flight), "
+                                         "print the measured ETA of the whole run and stop; a rerun resumes",
+                                  yaml=False)
     timeout_s: float = setting(600.0, "per-request timeout in seconds", flag="--timeout", aliases=("--timeout-s",),
                                valid="> 0")
     max_retries: int = setting(6, "retries on connection errors, 429 and 5xx", valid=">= 0")
@@ -230,6 +243,10 @@ class _SamplingSettings:
                                       "above 0 vLLM verifies by rejection sampling and outputs are not compared with "
                                       "a baseline", valid=">= 0")
     seed: int = setting(0, "base seed of sampled requests (each request's seed derives from it, prompt and turn)")
+    also_temperature: list[float] = setting(
+        default_factory=list, help="measure acceptance again at this temperature on the same draft server and "
+        "prompts (repeatable; e.g. the family's recommended one beside temperature 0): `at_temperature` in the "
+        "results")
 
 
 @dataclass
@@ -293,7 +310,8 @@ class ServedEvalSettings(_SamplingSettings, _PromptSettings):
                                                 "on CUDA)")
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
                                    aliases=("--vllm-args",), commas=False)
-    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn", aliases=("--max-new-tokens",), valid=">= 1")
+    max_tokens: int = setting(MAX_TOKENS, "new tokens per turn (a thinking model's answers: thousands)",
+                              aliases=("--max-new-tokens",), valid=">= 1")
     concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
     out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
     trust_remote_code: bool = setting(False, TRUST_HELP + " (the servers started with --draft)")
@@ -364,7 +382,8 @@ One dataclass per stage is the YAML section of `eagle3-train run --config FILE`,
 `eagle3-train STAGE` and the keyword defaults of the stage's Python function. Keys in parentheses are set by the
 pipeline itself (paths between stages) and exist only as flags / function arguments. Every stage command takes
 `--set KEY=VALUE` (or `--set STAGE.KEY=VALUE`) for any of its keys; `run` takes `--set SECTION.KEY=VALUE`. Values are
-read as YAML. A mistyped key is an error naming the closest valid key.
+read as YAML. A mistyped key is an error naming the closest valid key. Experimental settings (kept for a rerun at GPU
+scale) follow a section's other settings in a table of their own.
 """
 
 

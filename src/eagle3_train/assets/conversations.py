@@ -420,7 +420,9 @@ def normalize_turns(messages: list[dict[str, str]], leading_assistant: str = "tr
         turns = turns[:-1]
     if not turns:
         return None, "no_assistant_turn"
-    if any(not m["content"].strip() and not m.get("tool_calls") and m["role"] != "tool" for m in system + turns):
+    # a turn cut at max_tokens inside its reasoning has no answer text, yet its tokens are what the model generated
+    if any(not m["content"].strip() and not m.get("tool_calls") and not m.get("reasoning_content")
+           and m["role"] != "tool" for m in system + turns):
         return None, "empty_turn"
     previous = None
     for m in turns:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle3_train.evaluate.served import evaluate_served, greedy_identical
+from eagle3_train.evaluate.served import add_temperatures, evaluate_served, greedy_identical
 from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
@@ -25,9 +25,11 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
                       fmt: str = "eagle", max_tokens: int = _D.max_tokens, concurrency: int = _D.concurrency,
                       baseline: bool = _D.baseline, log_dir: str | Path | None = None,
                       serving: dict[str, Any] | None = None, trust_remote_code: bool = False,
-                      temperature: float = _D.temperature, seed: int = _D.seed) -> dict[str, Any]:
-    """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check).
-    `serving`: ServingSettings values (dtype, enforce_eager, max_model_len, vllm_args; auto by device)."""
+                      temperature: float = _D.temperature, seed: int = _D.seed,
+                      also_temperature: tuple[float, ...] = ()) -> dict[str, Any]:
+    """Serve verifier + draft in vLLM, send `prompts`, return acceptance (and the greedy-equality check), also at
+    each of `also_temperature` (`at_temperature`). `serving`: ServingSettings values (dtype, enforce_eager,
+    max_model_len, vllm_args; auto by device)."""
     log_dir = Path(log_dir) if log_dir else None
     # a few hundred prompts: on CPU, eager start-up pays off
     opts = {"startup_matters": True, "trust_remote_code": trust_remote_code, **(serving or {})}
@@ -39,6 +41,8 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
     with server:
         result = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=max_tokens,
                                  concurrency=concurrency, temperature=temperature, seed=seed)
+        add_temperatures(result, server.base_url, server.model_name, prompts, list(also_temperature),
+                         max_tokens=max_tokens, concurrency=concurrency, seed=seed)
         result["startup_s"] = server.startup_s
     result.update({"format": fmt, "draft": str(draft_dir), "k": k})
     if baseline:
@@ -57,7 +61,8 @@ def acceptance_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {"mean_acceptance_length": acc.get("mean_acceptance_length"),
             "per_position_acceptance": acc.get("per_position_acceptance"),
             "drafts": acc.get("num_drafts"), "tokens_per_s": result.get("tokens_per_s"),
-            "greedy_identical": result.get("greedy_identical"), "speedup": result.get("speedup")}
+            "greedy_identical": result.get("greedy_identical"), "speedup": result.get("speedup"),
+            "at_temperature": {t: a["mean_acceptance_length"] for t, a in result.get("at_temperature", {}).items()}}
 
 
 def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path, *, vllm: bool | str = _D.vllm,
@@ -66,7 +71,7 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
                       concurrency: int = _D.concurrency, baseline: bool = _D.baseline,
                       offline_prompts: int = _D.offline_prompts, serving: dict[str, Any] | None = None,
                       trust_remote_code: bool = False, temperature: float = _D.temperature,
-                      seed: int = _D.seed) -> dict[str, Any]:
+                      seed: int = _D.seed, also_temperature: tuple[float, ...] = ()) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
     results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens,
@@ -78,7 +83,7 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
                 r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
                                       concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir,
                                       serving=serving, trust_remote_code=trust_remote_code,
-                                      temperature=temperature, seed=seed)
+                                      temperature=temperature, seed=seed, also_temperature=also_temperature)
                 write_json(out_dir / f"vllm-{fmt}.json", r)
                 results[f"vllm_{fmt}"] = acceptance_summary(r)
         elif vllm == "auto":

@@ -8,6 +8,9 @@ Sources:
 - a `.jsonl` file: one object per line with `turns` (list of str), `prompt`/`question`/`text` (str), or
   `messages`/`conversations` (the user turns are taken); optional `id`.
 - a `.txt` file: one prompt per non-empty line.
+- a `prepare` output directory: the user turns of its validation split, read from the data it was prepared from
+  (for a thinking verifier, its regenerated conversations): prompts held out from training, on the distribution
+  the draft will serve. Conversations split at user turns count once.
 
 Python API: `load_prompts(source, limit=None, turns=None) -> list[EvalPrompt]`, `EvalPrompt(id, benchmark, turns)`.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.utils.io import Eagle3InputError, check_at_least
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
 
 MTBENCH = "mt-bench"
 HUMANEVAL = "humaneval"
@@ -125,6 +128,32 @@ def _load_file(path: Path) -> list[EvalPrompt]:
     return out
 
 
+def _load_held_out(prepared: Path) -> list[EvalPrompt]:
+    """The validation split's conversations of a prepare output directory, from the data it was prepared from."""
+    import datasets
+
+    from eagle3_train.assets.conversations import load_conversations
+
+    manifest_path = prepared / "manifest.json"
+    manifest = read_json(manifest_path, "prepare manifest") if manifest_path.is_file() else {}
+    if manifest.get("stage") != "prepare":
+        raise Eagle3InputError(f"{prepared} is not a prepare output directory (no manifest.json with stage "
+                               f"'prepare'); prompts come from a benchmark name, a .jsonl/.txt file or one")
+    held = datasets.load_from_disk(str(prepared / manifest["dataset"]["path"]))["validation"]
+    wanted = {str(i).split("#")[0] for i in held["id"]}  # a conversation split at user turns: its id once
+    source = (manifest.get("source") or {}).get("path")
+    if not wanted:
+        raise Eagle3InputError(f"{prepared} has no validation split (prepare --val-count N holds some out)")
+    if not source or not Path(source).exists():
+        raise Eagle3InputError(f"{prepared}: the data it was prepared from ({source}) is not here; its validation "
+                               f"prompts are read from it")
+    conversations, _ = load_conversations(source, None)
+    out = [EvalPrompt(id=c.id, benchmark=f"held-out:{prepared.name}",
+                      turns=[m["content"] for m in c.messages if m["role"] == "user"])
+           for c in conversations if c.id in wanted]
+    return [p for p in out if p.turns]
+
+
 def load_prompts(source: str | Path, limit: int | None = None, turns: int | None = None) -> list[EvalPrompt]:
     """Prompts of a benchmark name or file; `turns` keeps at most that many turns per prompt (None = all)."""
     key = _ALIASES.get(str(source).lower())
@@ -134,10 +163,13 @@ def load_prompts(source: str | Path, limit: int | None = None, turns: int | None
         prompts = _load_humaneval()
     else:
         path = Path(source).expanduser()
-        if not path.is_file():
+        if path.is_dir():
+            prompts = _load_held_out(path)
+        elif not path.is_file():
             raise Eagle3InputError(f"prompt source not found: {source} (expected 'mt-bench', 'humaneval', "
-                                   f"a .jsonl or a .txt file)")
-        prompts = _load_file(path)
+                                   f"a .jsonl or a .txt file, or a prepare output directory)")
+        else:
+            prompts = _load_file(path)
     if not prompts:
         raise Eagle3InputError(f"no prompts in {source}")
     if turns is not None:

@@ -25,7 +25,10 @@ def acceptance_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     rows = [(name, s) for name, s in benchmarks.items() if isinstance(s, dict)] if isinstance(benchmarks, dict) else []
     if results.get("overall") and len(rows) != 1:
         rows.append(("overall", results["overall"]))
-    if not rows and isinstance(results.get("acceptance"), dict):
+    temperatures = results.get("at_temperature") or {}
+    if not rows and len(temperatures) > 1:  # served at several temperatures: one row each
+        rows = [(f"{results.get('mode', 'served')} T={t}", s) for t, s in temperatures.items()]
+    elif not rows and isinstance(results.get("acceptance"), dict):
         rows.append((results.get("mode", "served"), {**results["acceptance"],
                                                       "tokens_per_s": results.get("tokens_per_s")}))
     return rows

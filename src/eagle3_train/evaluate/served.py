@@ -170,6 +170,25 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     return result
 
 
+def _acceptance_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What one temperature's pass measured: acceptance (mean length, per position) and throughput."""
+    acc = result.get("acceptance") or {}
+    return {"mean_acceptance_length": acc.get("mean_acceptance_length"),
+            "per_position_acceptance": acc.get("per_position_acceptance"), "num_drafts": acc.get("num_drafts"),
+            "generated_tokens": result.get("generated_tokens"), "tokens_per_s": result.get("tokens_per_s")}
+
+
+def add_temperatures(result: dict[str, Any], base_url: str | list[str], model: str, prompts: list[EvalPrompt],
+                     temperatures: list[float], **kwargs: Any) -> None:
+    """`result["at_temperature"]`: the acceptance `result` measured, then again at each of `temperatures` on the same
+    server and prompts (a thinking model is served sampled: its draft is judged there too; the draft server alone,
+    since outputs are compared with a baseline at temperature 0 only)."""
+    result["at_temperature"] = {str(result["temperature"]): _acceptance_of(result)}
+    for t in temperatures:
+        result["at_temperature"][str(t)] = _acceptance_of(evaluate_served(base_url, model, prompts, temperature=t,
+                                                                          **kwargs))
+
+
 def greedy_identical(completions: list[dict], base_completions: list[dict], temperature: float) -> dict | None:
     """At temperature 0 speculative decoding must reproduce the verifier's own outputs; sampled outputs may differ
     (None: not compared)."""
@@ -266,6 +285,8 @@ def _run_served(s: ServedEvalSettings) -> dict[str, Any]:
         result = evaluate_served(endpoints, model, prompts, max_tokens=s.max_tokens, concurrency=s.concurrency,
                                  baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None,
                                  temperature=s.temperature, seed=s.seed)
+        add_temperatures(result, endpoints, model, prompts, s.also_temperature, max_tokens=s.max_tokens,
+                         concurrency=s.concurrency, seed=s.seed)
     result["draft"] = s.draft
     result["servers_started"] = servers
     if mismatch:

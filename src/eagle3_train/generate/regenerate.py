@@ -12,7 +12,13 @@ Output (feeds `prepare` directly):
   structure, first turn longer than the server's context, rejected request); not retried on resume.
 - `DIR/manifest.json`: endpoints, served model, sampling settings, counts, source (with SHA-256), throughput.
 
-When a later turn no longer fits the context, the turns done so far are kept (`"truncated": "context_too_long"`).
+When a later turn no longer fits the context, the turns done so far are kept (`"truncated": "context_too_long"`);
+a turn cut at max_tokens ends its conversation (`"truncated": "max_tokens"`, or dropped with `truncated_turns:
+drop`). Agentic traces: an assistant turn that called tools is kept as given (the recorded tool results answer that
+call), the assistant's other turns are regenerated with the calls and results in their history; a regenerated turn
+that calls a tool ends the trace there (`"truncated": "tool_call_without_result"`). The thinking switch and the
+recommended sampling come from the verifier's thinking style (assets/thinking.py). The first wave of conversations
+(one per request in flight) gives the measured ETA of the rest (`eta` in the manifest; `estimate_only` stops there).
 With `--seed S`, each request gets a seed derived from (S, conversation id, turn), so results do not depend on
 scheduling or resumption.
 
@@ -38,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.thinking import GENERIC, ThinkingStyle, resolve_style
 from eagle3_train.serving.client import (
     ChatPool,
     ContextTooLongError,
@@ -63,19 +70,27 @@ OUTPUT_FILE = "conversations.jsonl"
 SKIPPED_FILE = "skipped.jsonl"
 MANIFEST_FILE = "manifest.json"
 REASONING_MODES = typing.get_args(Reasoning)
-_THINK = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
 _D = GenerateSettings  # keyword defaults below are the settings dataclass's
 
 
+DEFAULT_MAX_TOKENS = 512  # an answer without thinking
+THINKING_MAX_TOKENS = 32768  # at most, when derived from the server's context
+THINKING_MAX_TOKENS_UNKNOWN = 16384  # when the server does not say its max_model_len
+
+
 @dataclass
 class Sampling:
-    max_tokens: int = _D.max_tokens
+    """What shapes the regenerated text: a resume under other values is refused."""
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = _D.temperature
     top_p: float = _D.top_p
     seed: int | None = _D.seed
-    reasoning: str = _D.reasoning  # keep (as reasoning_content), strip, or disable (enable_thinking=false)
+    reasoning: str = _D.reasoning  # keep (as reasoning_content), strip, or disable (the style's switch)
+    thinking_style: str = "generic"  # resolved (assets/thinking.py)
+    truncated_turns: str = _D.truncated_turns  # keep or drop a conversation whose turn hit max_tokens
 
 
 @dataclass
@@ -86,6 +101,32 @@ class _Stats:
     finished: int = 0
     skipped: Counter = field(default_factory=Counter)
     truncated: int = 0
+    cut_turns: int = 0  # turns that hit max_tokens (kept or dropped)
+    tool_call_turns_kept: int = 0  # assistant turns that called tools, kept as given
+    # completion tokens split between reasoning and answer by their share of the text (usage does not split them)
+    reasoning_tokens: float = 0.0
+    answer_tokens: float = 0.0
+
+
+def default_max_tokens(style: ThinkingStyle, reasoning: str, max_model_len: int | None) -> tuple[int, str]:
+    """(max new tokens per turn, why) when the user set none: a thinking model's reasoning needs thousands."""
+    if style.name == GENERIC.name or reasoning == "disable":
+        return DEFAULT_MAX_TOKENS, "default without thinking"
+    if max_model_len:
+        return min(max_model_len // 2, THINKING_MAX_TOKENS), f"half the server's max_model_len {max_model_len}"
+    return THINKING_MAX_TOKENS_UNKNOWN, "thinking default (the server did not say its max_model_len)"
+
+
+def split_inline_reasoning(content: str) -> tuple[str, str | None]:
+    """(answer, reasoning) of a reply whose reasoning is inline (`<think>...</think>`: a server without a reasoning
+    parser); a reply cut inside its reasoning (no `</think>`) is all reasoning."""
+    match = _THINK.match(content)
+    if match:
+        return content[match.end():], match.group(1).strip("\n")
+    stripped = content.lstrip()
+    if stripped.startswith("<think>"):
+        return "", stripped[len("<think>"):].strip("\n")
+    return content, None
 
 
 # --- crash-safe append-only JSONL -----------------------------------------------------------------------------
@@ -173,25 +214,26 @@ def _normalize(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]] | N
 
 
 async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[dict[str, str]],
-                                  sampling: Sampling, stats: _Stats) -> tuple[dict | None, dict | None]:
+                                  sampling: Sampling, stats: _Stats, style: ThinkingStyle = GENERIC
+                                  ) -> tuple[dict | None, dict | None]:
     """Regenerate one conversation; returns (record, None) or (None, skip record)."""
     msgs, reason = _normalize(messages)
     if reason:
         return None, {"id": conv_id, "reason": reason, "detail": ""}
-    if any(m["role"] == "tool" or m.get("tool_calls") for m in msgs):
-        # a regenerated call would not match the recorded tool results; counted, never sent half-rewritten
-        return None, {"id": conv_id, "reason": "tool_calls_not_regenerated",
-                      "detail": "agentic traces are not regenerated yet: prepare them as given"}
-    extra = {"chat_template_kwargs": {"enable_thinking": False}} if sampling.reasoning == "disable" else None
-    out: list[dict[str, str]] = []
+    extra = style.request_extra(sampling.reasoning)
+    out: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     prefer: int | None = None  # keep a conversation on one endpoint: its prefix cache holds the earlier turns
     truncated = None
     for m in msgs:
-        if m["role"] != "assistant":
-            out.append({"role": m["role"], "content": m["content"]})
+        if m["role"] != "assistant" or m.get("tool_calls"):
+            # an assistant turn that called tools is kept as given: the recorded tool results answer that call
+            out.append(dict(m))
+            if m["role"] == "assistant":
+                turns.append({"kept": "tool_calls"})
+                stats.tool_call_turns_kept += 1
             continue
-        history = [{"role": x["role"], "content": x["content"]} for x in out]
+        history = openai_history(out)
         try:
             reply = await pool.chat(history, prefer=prefer, max_tokens=sampling.max_tokens,
                                     temperature=sampling.temperature, top_p=sampling.top_p,
@@ -208,20 +250,64 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
         stats.completion_tokens += int(reply.usage.get("completion_tokens", 0))
         stats.prompt_tokens += int(reply.usage.get("prompt_tokens", 0))
         content, reasoning = reply.content, reply.reasoning
+        if reasoning is None:  # a server without a reasoning parser leaves <think> inline
+            content, reasoning = split_inline_reasoning(content)
+        _count_text(stats, int(reply.usage.get("completion_tokens", 0)), reasoning or "", content)
         if sampling.reasoning != "keep":
             reasoning = None
-            content = _THINK.sub("", content)  # a server without a reasoning parser leaves <think> inline
-        msg = {"role": "assistant", "content": content}
+        cut = reply.finish_reason == "length"
+        stats.cut_turns += cut
+        if cut and sampling.truncated_turns == "drop":
+            return None, {"id": conv_id, "reason": "max_tokens",
+                          "detail": f"turn {len(turns)} reached max_tokens {sampling.max_tokens}"}
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             msg["reasoning_content"] = reasoning
+        if reply.tool_calls:
+            msg["tool_calls"] = reply.tool_calls
         out.append(msg)
         turns.append({"finish_reason": reply.finish_reason, "usage": reply.usage})
+        if cut:  # the next question would follow an unfinished answer
+            truncated = "max_tokens"
+            break
+        if reply.tool_calls:  # a new call has no recorded result: the trace ends with it (it is on-policy)
+            truncated = "tool_call_without_result"
+            break
     while out and out[-1]["role"] != "assistant":  # the question whose answer did not fit
         out.pop()
     record: dict[str, Any] = {"id": conv_id, "messages": out, "turns": turns, "model": pool.model}
     if truncated:
         record["truncated"] = truncated
     return record, None
+
+
+def openai_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as an OpenAI chat request takes them: tool-call arguments as JSON text, every tool result naming its
+    call (a ShareGPT `observation` answers the calls before it in order), reasoning left out (templates render
+    history without it)."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []  # ids of the calls not yet answered
+    for m in messages:
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if m.get("tool_calls"):
+            msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": c["function"]["arguments"]
+                                                    if isinstance(c["function"]["arguments"], str)
+                                                    else json.dumps(c["function"]["arguments"])}}
+                                 for c in m["tool_calls"]]
+            pending = [c["id"] for c in m["tool_calls"]]
+        if m["role"] == "tool":
+            call_id = m.get("tool_call_id") or (pending[0] if pending else "call_0")
+            msg["tool_call_id"] = call_id
+            pending = [p for p in pending if p != call_id]
+        out.append(msg)
+    return out
+
+
+def _count_text(stats: _Stats, tokens: int, reasoning: str, answer: str) -> None:
+    total = len(reasoning) + len(answer)
+    share = len(reasoning) / total if total else 0.0
+    stats.reasoning_tokens += tokens * share
+    stats.answer_tokens += tokens * (1 - share)
 
 
 # --- the stage ------------------------------------------------------------------------------------------------
@@ -252,25 +338,68 @@ def _count_source(source: str | Path, limit: int | None, skip_bad_records: bool)
 
 
 def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], model: str | None, *,
-               limit: int | None = _D.limit, concurrency: int = _D.concurrency, max_tokens: int = _D.max_tokens,
+               limit: int | None = _D.limit, concurrency: int = _D.concurrency, max_tokens: int | None = _D.max_tokens,
                temperature: float = _D.temperature, top_p: float = _D.top_p, seed: int | None = _D.seed,
                reasoning: str = _D.reasoning, timeout_s: float = _D.timeout_s, max_retries: int = _D.max_retries,
                api_key: str | None = _D.api_key, overwrite: bool = _D.overwrite,
-               extra_manifest: dict | None = None, skip_bad_records: bool = _D.skip_bad_records) -> dict:
+               extra_manifest: dict | None = None, skip_bad_records: bool = _D.skip_bad_records,
+               truncated_turns: str = _D.truncated_turns, thinking_style: str = _D.thinking_style,
+               estimate_only: bool = _D.estimate_only) -> dict:
     """Regenerate the assistant turns of `source` (see the module docstring); returns the manifest.
 
     `api_key` None: $OPENAI_API_KEY, else "EMPTY" (what vLLM accepts without --api-key). `skip_bad_records`: skip
     (and count in the manifest) source records that are not valid JSON/UTF-8 or not conversations, instead of
-    stopping at the first."""
+    stopping at the first. `max_tokens` None: derived from the thinking style and the server (`default_max_tokens`).
+    `estimate_only`: stop after the first wave of conversations with the measured ETA in the manifest."""
     api_key = api_key or os.environ.get("OPENAI_API_KEY", "EMPTY")
     if reasoning not in REASONING_MODES:
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
+    if truncated_turns not in ("keep", "drop"):
+        raise Eagle3InputError(f"truncated_turns must be keep or drop, got {truncated_turns!r}")
     check_at_least("concurrency", concurrency, 1)
     if not endpoints:
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
-    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, reasoning=reasoning)
-    return asyncio.run(_regenerate(source, Path(out_dir), endpoints, model, limit, concurrency, sampling, timeout_s,
-                                   max_retries, api_key, overwrite, extra_manifest or {}, skip_bad_records))
+    sampling = Sampling(max_tokens=max_tokens or 0, temperature=temperature, top_p=top_p, seed=seed,
+                        reasoning=reasoning, truncated_turns=truncated_turns)
+    run = _Run(concurrency, timeout_s, max_retries, api_key, overwrite, extra_manifest or {}, skip_bad_records,
+               thinking_style, estimate_only)
+    return asyncio.run(_regenerate(source, Path(out_dir), endpoints, model, limit, sampling, run))
+
+
+@dataclass
+class _Run:
+    """How this invocation runs (none of it changes the text generated)."""
+    concurrency: int
+    timeout_s: float
+    max_retries: int
+    api_key: str
+    overwrite: bool
+    extra_manifest: dict
+    skip_bad_records: bool
+    thinking_style: str
+    estimate_only: bool
+
+
+def _thinking(pool: ChatPool, model: str, sampling: Sampling, setting: str) -> tuple[ThinkingStyle, dict]:
+    """Resolve the thinking style and (when unset) max_tokens in `sampling`; the manifest's `thinking` record."""
+    card = pool.model_card
+    try:
+        style, found_by = resolve_style(setting, model, card.get("root"))
+    except ValueError as e:
+        raise Eagle3InputError(str(e)) from None
+    sampling.thinking_style = style.name
+    why = "setting"
+    if not sampling.max_tokens:
+        sampling.max_tokens, why = default_max_tokens(style, sampling.reasoning, card.get("max_model_len"))
+    recommended = style.recommended(sampling.reasoning)
+    if recommended and (sampling.temperature, sampling.top_p) != (recommended.temperature, recommended.top_p):
+        log.warning("generate: sampling at temperature %s, top_p %s; %s is served at temperature %s, top_p %s "
+                    "(%s): drafts should learn what the model says when served", sampling.temperature,
+                    sampling.top_p, style.name, recommended.temperature, recommended.top_p, style.source)
+    return style, {"style": style.name, "found_by": found_by, "request_extra": style.request_extra(sampling.reasoning),
+                   "recommended_sampling": recommended.to_dict() if recommended else None,
+                   "max_tokens": sampling.max_tokens, "max_tokens_from": why,
+                   "server_max_model_len": card.get("max_model_len")}
 
 
 async def _resolve_model(pool: ChatPool) -> str:
@@ -348,6 +477,26 @@ class _Report:
     stats: _Stats = field(default_factory=_Stats)
     started: str = field(default_factory=now_iso)
     t0: float = field(default_factory=time.monotonic)
+    eta: dict[str, Any] | None = None  # measured after the first wave of conversations
+
+    def remaining(self) -> int:
+        """Conversations of the source not yet done or skipped (by earlier runs or this one)."""
+        done_now = self.stats.finished + sum(self.stats.skipped.values())
+        return max(0, self.resume.total - len(self.resume.seen) - done_now)
+
+    def estimate(self, wave: int) -> None:
+        """The ETA of the rest of the run from the rate of its first `wave` conversations (logged once)."""
+        wall = time.monotonic() - self.t0
+        rate = wave / wall if wall > 0 else 0.0
+        left = self.remaining()
+        self.eta = {"measured_conversations": wave, "measured_s": round(wall, 1),
+                    "conversations_per_s": round(rate, 4),
+                    "completion_tokens_per_s": round(self.stats.completion_tokens / wall, 1) if wall > 0 else None,
+                    "remaining_conversations": left, "estimated_remaining_s": round(left / rate, 1) if rate else None,
+                    "estimated_total_s": round(wall + left / rate, 1) if rate else None}
+        log.info("generate: first %d conversations in %.1f s (%.1f completion tokens/s): ETA %s for the %d left",
+                 wave, wall, self.eta["completion_tokens_per_s"] or 0, _hours(self.eta["estimated_remaining_s"]),
+                 left)
 
     def manifest(self, status: str) -> dict:
         done, skipped = _file_counts(self.files.conversations, self.files.skipped)
@@ -357,11 +506,16 @@ class _Report:
             "stage": "generate", "status": status, **self.settings,
             "source": {**self.info.to_dict(), "sha256": self.resume.source_sha},
             "counts": {"source_conversations": total, "done": done["done"], "truncated": done["truncated"],
+                       "cut_at_max_tokens_kept": done["cut_at_max_tokens"],
                        "skipped": skipped, "bad_records": dict(sorted(self.info.bad_records.items())),
                        "remaining": max(0, total - done["done"] - sum(skipped.values()))},
             "files": {"conversations": OUTPUT_FILE, "skipped": SKIPPED_FILE},
+            "eta": self.eta,
             "this_run": {"started": self.started, "wall_s": round(wall, 2), "requests": stats.requests,
                          "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+                         "reasoning_tokens_est": round(stats.reasoning_tokens),
+                         "answer_tokens_est": round(stats.answer_tokens), "cut_turns": stats.cut_turns,
+                         "tool_call_turns_kept": stats.tool_call_turns_kept,
                          "requests_per_s": round(stats.requests / wall, 3) if wall > 0 else None,
                          "completion_tokens_per_s": round(stats.completion_tokens / wall, 2) if wall > 0 else None,
                          "retries": self.pool.retries, "torn_bytes_removed": self.resume.torn_bytes},
@@ -369,7 +523,14 @@ class _Report:
         }
 
 
-async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling, concurrency: int) -> dict:
+def _hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling, run: _Run,
+                        style: ThinkingStyle) -> dict:
     """Regenerate what is left, appending to the output files; the manifest is written before and after (also when
     the run fails or is interrupted). Returns the final manifest."""
     files = report.files
@@ -378,9 +539,8 @@ async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling,
     bar = progress(total=report.resume.total, desc="generate", unit="conv", initial=len(report.resume.seen))
     status = "failed"
     try:
-        await _work(report.pool, conversations, report.resume.seen, sampling, concurrency, report.stats, out_log,
-                    skip_log, bar, report.t0)
-        status = "complete"
+        await _work(report, conversations, sampling, run, style, out_log, skip_log, bar)
+        status = "estimated" if run.estimate_only and report.remaining() > 0 else "complete"
     except asyncio.CancelledError:
         status = "interrupted"
         raise
@@ -397,47 +557,46 @@ async def _run_recorded(report: _Report, conversations: Any, sampling: Sampling,
 
 
 async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
-                      limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float, max_retries: int,
-                      api_key: str, overwrite: bool, extra_manifest: dict, skip_bad_records: bool) -> dict:
-
+                      limit: int | None, sampling: Sampling, run: _Run) -> dict:
     out_dir = claim_generate_output(out_dir)
     with output_lock(out_dir, OUTPUT[1]):  # one writer: two would interleave their records
-        return await _regenerate_locked(source, _files(out_dir), endpoints, model, limit, concurrency, sampling,
-                                        timeout_s, max_retries, api_key, overwrite, extra_manifest, skip_bad_records)
+        return await _regenerate_locked(source, _files(out_dir), endpoints, model, limit, sampling, run)
 
 
 async def _regenerate_locked(source: str | Path, files: _Files, endpoints: list[str], model: str | None,
-                             limit: int | None, concurrency: int, sampling: Sampling, timeout_s: float,
-                             max_retries: int, api_key: str, overwrite: bool, extra_manifest: dict,
-                             skip_bad_records: bool) -> dict:
+                             limit: int | None, sampling: Sampling, run: _Run) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
-    pool = ChatPool(endpoints, model or "", api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
+    pool = ChatPool(endpoints, model or "", api_key=run.api_key, timeout_s=run.timeout_s,
+                    max_retries=run.max_retries)
     try:
         model = await _served_model(pool, model)
-        resume = _resume_point(files, source, limit, skip_bad_records, overwrite, model, sampling)
-        conversations, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)
-        settings = {"model": model, "endpoints": endpoints, "sampling": asdict(sampling), "concurrency": concurrency,
-                    "timeout_s": timeout_s, "max_retries": max_retries, "limit": limit}
-        final = await _run_recorded(_Report(files, pool, settings, info, resume, extra_manifest), conversations,
-                                    sampling, concurrency)
-        log.info("generate: %d conversations done, %d skipped, %.2f requests/s, %.1f tokens/s -> %s",
-                 final["counts"]["done"], sum(final["counts"]["skipped"].values()),
-                 final["this_run"]["requests_per_s"] or 0, final["this_run"]["completion_tokens_per_s"] or 0,
-                 files.conversations)
+        style, thinking = _thinking(pool, model, sampling, run.thinking_style)
+        resume = _resume_point(files, source, limit, run.skip_bad_records, run.overwrite, model, sampling)
+        conversations, info = load_conversations(source, limit, skip_bad_records=run.skip_bad_records)
+        settings = {"model": model, "endpoints": endpoints, "sampling": asdict(sampling), "thinking": thinking,
+                    "concurrency": run.concurrency, "timeout_s": run.timeout_s, "max_retries": run.max_retries,
+                    "limit": limit}
+        final = await _run_recorded(_Report(files, pool, settings, info, resume, run.extra_manifest), conversations,
+                                    sampling, run, style)
+        log.info("generate: %d conversations done, %d skipped, %d turns cut at max_tokens, %.2f requests/s, "
+                 "%.1f tokens/s -> %s", final["counts"]["done"], sum(final["counts"]["skipped"].values()),
+                 final["this_run"]["cut_turns"], final["this_run"]["requests_per_s"] or 0,
+                 final["this_run"]["completion_tokens_per_s"] or 0, files.conversations)
         return final
     finally:
         await pool.aclose()
 
 
 def _file_counts(out_path: Path, skip_path: Path) -> tuple[dict[str, int], dict[str, int]]:
-    done, truncated = 0, 0
+    done, truncated, cut = 0, 0, 0
     if out_path.exists():
         with open(out_path, "rb") as f:
             for line in f:
                 if line.strip():
                     done += 1
                     truncated += b'"truncated"' in line
+                    cut += b'"truncated": "max_tokens"' in line
     skipped: Counter[str] = Counter()
     if skip_path.exists():
         for line in skip_path.read_bytes().splitlines():  # small: one short line per skipped conversation
@@ -445,16 +604,26 @@ def _file_counts(out_path: Path, skip_path: Path) -> tuple[dict[str, int], dict[
                 skipped[json.loads(line)["reason"]] += 1
             except (json.JSONDecodeError, KeyError):
                 continue
-    return {"done": done, "truncated": truncated}, dict(sorted(skipped.items()))
+    return {"done": done, "truncated": truncated, "cut_at_max_tokens": cut}, dict(sorted(skipped.items()))
 
 
-async def _work(pool: ChatPool, conversations: Any, skip: set[str], sampling: Sampling, concurrency: int,
-                stats: _Stats, out_log: AppendLog, skip_log: AppendLog, bar: Any, t0: float) -> None:
+async def _work(report: _Report, conversations: Any, sampling: Sampling, run: _Run, style: ThinkingStyle,
+                out_log: AppendLog, skip_log: AppendLog, bar: Any) -> None:
+    """`run.concurrency` workers share one iterator of conversations. When the first wave (one conversation per
+    worker) is done, the measured rate gives the ETA of the rest (logged, in the manifest); `estimate_only` stops
+    there."""
+    stats, skip = report.stats, report.resume.seen
+    wave = min(run.concurrency, report.remaining())
+    stop = asyncio.Event()
+
     async def worker() -> None:
-        for conv in conversations:  # one shared iterator: each worker takes the next conversation
+        for conv in conversations:
+            if stop.is_set():
+                return
             if conv.id in skip:
                 continue
-            record, skipped = await regenerate_conversation(pool, conv.id, conv.messages, sampling, stats)
+            record, skipped = await regenerate_conversation(report.pool, conv.id, conv.messages, sampling, stats,
+                                                            style)
             if record is not None:
                 out_log.append(record)
                 stats.finished += 1
@@ -462,12 +631,18 @@ async def _work(pool: ChatPool, conversations: Any, skip: set[str], sampling: Sa
             else:
                 skip_log.append(skipped)
                 stats.skipped[skipped["reason"]] += 1
-            wall = max(time.monotonic() - t0, 1e-9)
+            wall = max(time.monotonic() - report.t0, 1e-9)
+            thought = stats.reasoning_tokens / max(stats.reasoning_tokens + stats.answer_tokens, 1e-9)
             bar.set_postfix(req_s=f"{stats.requests / wall:.2f}", tok_s=f"{stats.completion_tokens / wall:.1f}",
-                            skipped=sum(stats.skipped.values()), refresh=False)
+                            think=f"{thought:.0%}", cut=stats.cut_turns, skipped=sum(stats.skipped.values()),
+                            refresh=False)
             bar.update(1)
+            if report.eta is None and stats.finished + sum(stats.skipped.values()) >= wave:
+                report.estimate(wave)
+                if run.estimate_only:
+                    stop.set()
 
-    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    tasks = [asyncio.create_task(worker()) for _ in range(run.concurrency)]
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -488,7 +663,8 @@ def main(args: argparse.Namespace) -> int:
     kwargs = dict(limit=s.limit, concurrency=s.concurrency, max_tokens=s.max_tokens, temperature=s.temperature,
                   top_p=s.top_p, seed=s.seed, reasoning=s.reasoning, timeout_s=s.timeout_s,
                   max_retries=s.max_retries, api_key=s.api_key, overwrite=s.overwrite,
-                  skip_bad_records=s.skip_bad_records)
+                  skip_bad_records=s.skip_bad_records, truncated_turns=s.truncated_turns,
+                  thinking_style=s.thinking_style, estimate_only=s.estimate_only)
     if not s.serve_verifier:
         regenerate(s.data, s.out, endpoints, s.model, **kwargs)
         return 0

@@ -56,6 +56,7 @@ class ChatReply:
     usage: dict[str, int]
     endpoint: int
     latency_s: float
+    tool_calls: list[dict[str, Any]] | None = None  # parsed by the server's tool-call parser, when it has one
 
 
 @dataclass
@@ -109,6 +110,8 @@ class ChatPool:
                                                                    timeout=timeout_s, max_retries=0))
             for u in endpoints]
         self.retries = 0
+        # the served model's card from /v1/models (vLLM: `root`, its path or hub id, and `max_model_len`)
+        self.model_card: dict[str, Any] = {}
         self.first = first
 
     async def aclose(self) -> None:
@@ -121,7 +124,11 @@ class ChatPool:
         for ep in self.endpoints:
             for attempt in range(attempts):
                 try:
-                    models = [m.id async for m in ep.client.models.list()]
+                    cards = [m async for m in ep.client.models.list()]
+                    models = [m.id for m in cards]
+                    self.model_card = self.model_card or next(
+                        ({"root": getattr(m, "root", None), "max_model_len": getattr(m, "max_model_len", None)}
+                         for m in cards if m.id == self.model), {})
                     break
                 except openai.APIConnectionError as e:
                     if attempt == attempts - 1:
@@ -156,7 +163,7 @@ class ChatPool:
             raise FatalRequestError(f"{ep.url} serves {models}; choose one with --model")
         return models[0]
 
-    async def chat(self, messages: list[dict[str, str]], *, prefer: int | None = None, max_tokens: int = 512,
+    async def chat(self, messages: list[dict[str, Any]], *, prefer: int | None = None, max_tokens: int = 512,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                    extra_body: dict[str, Any] | None = None) -> ChatReply:
         """One chat completion; retries transient failures with exponential backoff (jittered)."""
@@ -172,9 +179,10 @@ class ChatPool:
             choice = r.choices[0]
             usage = r.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) \
                 if r.usage else {}
+            calls = [c.model_dump(include={"id", "type", "function"}) for c in choice.message.tool_calls or []]
             return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
                              finish_reason=choice.finish_reason, usage=usage, endpoint=i,
-                             latency_s=time.monotonic() - t0)
+                             latency_s=time.monotonic() - t0, tool_calls=calls or None)
 
         return await self._with_retries(send, prefer)
 
