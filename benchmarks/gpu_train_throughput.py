@@ -37,6 +37,7 @@ from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
 from eagle3_train.train.distributed import DistInfo  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
+from eagle3_train.train.objective import FeatureNoise, Objective  # noqa: E402
 from eagle3_train.train.optimizer import (
     DraftOptimizer,  # noqa: E402
     lr_lambda,  # noqa: E402
@@ -134,7 +135,7 @@ class SyntheticTrainer(Trainer):
         self.train_data, self.val_data = samples, None
         self.micro_per_step = 1
         self.optimizer = DraftOptimizer(self.model, cfg, lr_lambda(1000, cfg.warmup_ratio, cfg.min_lr_ratio))
-        self.fc_scaling = None
+        self.objective, self.noise = Objective.from_config(cfg), FeatureNoise(cfg.noise)
         self.skipped_now, self.skipped_before = 0, 0
 
 
@@ -191,6 +192,7 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device, repor
             ck_loss, ck_mlp = {"on": (True, True), "off": (False, False), "loss": (True, False),
                                "mlp": (False, True)}[ck]
             trainer.cfg = dataclasses.replace(base, ttt_steps=ttt, checkpoint_loss=ck_loss, checkpoint_mlp=ck_mlp)
+            trainer.objective = Objective.from_config(trainer.cfg)
             rec = {"shape": name, "ttt_steps": ttt, "checkpoint_loss": ck_loss, "checkpoint_mlp": ck_mlp,
                    "batch": args.batch, "seq_len": seq_len, "draft_vocab": draft_vocab, "precision": trainer.precision,
                    "trainable_params_m": round(n_params / 1e6, 1), "setup_s": setup_s,

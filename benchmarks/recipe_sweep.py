@@ -7,7 +7,7 @@ scored before the draft has learned from it, so this is a held-out estimate. `--
 (the judge: a draft is better when vLLM accepts more of its tokens).
 
   cd benchmarks && ../.venv/bin/python recipe_sweep.py --pool out/wall_clock_2000/data \\
-      --variant base:250 --variant t0:250:target_temperature=0 --vllm mtbench_t0
+      --variant base:250 --variant lr4e-3:250:lr=0.004 --vllm mtbench_t0
 Results: benchmarks/out/recipe_sweep.json (one entry per variant, kept across invocations) and a printed table.
 """
 

@@ -94,15 +94,11 @@ def test_cli_dry_run_from_scratch_without_verifier_weights(tmp_path, capsys):
     paths = write_run_inputs(tmp_path / "inputs", verifier, layer_ids=DEFAULT)
     out = tmp_path / "train"
     rc = cli_main(["train", "--dry-run", "--prepared", str(paths["prepared"]), "--hidden-states",
-                   str(paths["hidden"]), "--vocab", str(paths["vocab"]), "--out", str(out),
-                   "--final-norm-init", "verifier", "--layer-init", "verifier"])  # weights a real run reads
+                   str(paths["hidden"]), "--vocab", str(paths["vocab"]), "--out", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0 and "NOT checked" in printed and "no weight files" in printed
     meta = json.loads((out / METADATA_FILE).read_text())
     assert meta["init"]["method"] == "random" and meta["draft_config"]["head_dim"] == H // HEADS
-    assert meta["init"]["final_norm_init"] == "verifier"
-    layers = json.loads((verifier / "config.json").read_text())["num_hidden_layers"]
-    assert meta["init"]["layer_init_layers"] == [layers - 1] and f"verifier layers [{layers - 1}]" in printed
     assert not (out / "checkpoints").exists()
 
 

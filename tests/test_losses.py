@@ -9,7 +9,7 @@ import pytest
 import torch
 from stage_helpers import train_config
 
-from eagle3_train.train.losses import LOSSES, acceptance, row_loss, sharpen, soft_cross_entropy
+from eagle3_train.train.losses import LOSSES, acceptance, row_loss, soft_cross_entropy
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
@@ -111,31 +111,6 @@ def test_verifier_mass_on_the_draft_vocab():
     part = verifier_targets(final, mask, head, torch.arange(0, 20, 2), t2d)
     expect = torch.softmax(final[0, :4] @ head.T, -1)[:, ::2].sum(-1)
     assert torch.allclose(part.in_mass, expect, atol=1e-6)
-
-
-def test_target_temperature_sharpens_the_verifier_distribution():
-    g = torch.Generator().manual_seed(7)
-    p = torch.softmax(torch.randn(6, 10, generator=g) * 2, -1)
-    assert sharpen(p, 1.0) is p
-    torch.testing.assert_close(sharpen(p, 0.5), torch.softmax(2 * p.log(), -1))
-    hard = sharpen(p, 0.0)
-    assert torch.equal(hard.argmax(-1), p.argmax(-1)) and torch.equal(hard.sum(-1), torch.ones(6))
-    assert int((hard > 0).sum()) == 6
-    # the fitted distribution is sharper: more mass on the argmax, same argmax
-    top = p.argmax(-1, keepdim=True)
-    assert bool((sharpen(p, 0.5).gather(-1, top) > p.gather(-1, top)).all())
-
-
-def test_training_with_hard_targets_learns_and_keeps_the_verifier_metrics(tiny_stages, tmp_path):
-    root, _ = tiny_stages
-    soft = train(train_config(root, tmp_path / "soft", max_steps=3))
-    hard = train(train_config(root, tmp_path / "hard", max_steps=3, target_temperature=0.0))
-    # the loss is now CE against one-hot argmax labels: a different number; the alpha metric still compares with
-    # the verifier's own distribution, so it stays a probability
-    assert hard["train"]["loss_0"] != pytest.approx(soft["train"]["loss_0"], rel=1e-3)
-    assert 0.0 < hard["validation"]["alpha_0"] <= 1.0
-    with pytest.raises(Eagle3InputError, match="train.target_temperature must be >= 0"):
-        train(train_config(root, tmp_path / "bad", target_temperature=-1.0))
 
 
 @pytest.mark.slow

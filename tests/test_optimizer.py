@@ -8,9 +8,10 @@ from safetensors.torch import load_file
 from stage_helpers import train_config
 
 from eagle3_train.train.batching import plan_batches
+from eagle3_train.train.build import build_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.optimizer import muon_parameter_names
-from eagle3_train.train.trainer import Trainer, build_model, train
+from eagle3_train.train.trainer import Trainer, train
 from eagle3_train.utils.io import Eagle3InputError
 
 

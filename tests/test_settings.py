@@ -321,6 +321,56 @@ def test_config_reference_is_up_to_date():
             assert f"| `{key}` |" in committed
 
 
+def test_train_core_stays_small_and_experimental_settings_are_listed_apart():
+    """TrainConfig's core (what is not marked experimental) stays at most 58 settings; the experimental ones are a
+    table of their own in docs/CONFIG.md and say so in their flag's help."""
+    from eagle3_train.utils.settings import core_fields, is_experimental
+
+    experimental = [f.name for f in dataclasses.fields(TrainConfig) if is_experimental(f)]
+    assert len(core_fields(TrainConfig)) <= 58, len(core_fields(TrainConfig))
+    assert set(experimental) == {"loss", "loss_mix", "optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"}
+    committed = (REPO / "docs" / "CONFIG.md").read_text()
+    section = committed.split("## `train`", 1)[1].split("\n## ", 1)[0]
+    core, corner = section.split("### `train`: experimental", 1)
+    assert "Experimental:" in corner
+    for name in experimental:
+        assert f"| `{name}` |" in corner and f"| `{name}` |" not in core
+    assert "| `lr` |" in core and "| `lr` |" not in corner
+    helps = {a.dest: a.help for a in stage_parser(("train",))._actions}
+    assert helps["optimizer"].startswith("experimental: ") and not helps["lr"].startswith("experimental")
+
+
+@pytest.mark.parametrize("key", sorted(TrainConfig.RETIRED))
+def test_a_retired_train_option_is_an_error_naming_it(key, tmp_path):
+    value = TrainConfig.RETIRED[key]
+    with pytest.raises(Eagle3InputError) as e:
+        merged_config({"train": {key: value}})
+    msg = str(e.value)
+    assert f"unknown key '{key}'" in msg and "retired" in msg and "benchmarks/LOG.md" in msg and "\n" not in msg
+    with pytest.raises(Eagle3InputError, match=f"unknown key '{key}'.*retired"):
+        config_from_args(_train_args("--set", f"{key}={value}"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"train": {key: value}}))
+    with pytest.raises(Eagle3InputError, match=f"unknown key '{key}'.*retired"):
+        config_from_args(_train_args("--config", str(cfg)))
+    with pytest.raises(TypeError, match=key):
+        TrainConfig(**{key: value})
+
+
+def test_a_checkpoint_saved_with_a_retired_option_resumes_only_at_its_old_default():
+    now = TrainConfig()
+    saved = {**now.to_dict(), **TrainConfig.RETIRED}  # a checkpoint of the version before the retirement
+    assert now.resume_conflicts(saved) == []
+    inert = {**saved, "layer_init_index": 3, "layer_init_embed": "verifier"}  # read only under layer_init verifier
+    assert now.resume_conflicts(inert) == []
+    for key, value in {"chain_mask": True, "feature_loss": 1.0, "equalise_features": True, "layer_init": "verifier",
+                       "target_temperature": 0.0}.items():
+        conflicts = now.resume_conflicts({**saved, key: value})
+        assert len(conflicts) == 1 and conflicts[0].startswith(f"{key} {value!r}: a retired option"), conflicts
+    both = now.resume_conflicts({**saved, "layer_init": "verifier", "layer_init_index": 3})
+    assert [c.split()[0] for c in both] == ["layer_init", "layer_init_index"]
+
+
 def test_every_key_of_the_shipped_config_is_valid():
     for path in sorted((REPO / "configs").glob("*.yaml")):
         merged_config(yaml.safe_load(path.read_text()))

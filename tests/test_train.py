@@ -49,8 +49,7 @@ def test_training_learns_and_records_metadata(stages, tmp_path):
     assert 1.0 <= val["accept_len_k1"] <= val["accept_len_k2"] <= val["accept_len_k3"] <= 4.0
     assert (tmp_path / "run" / "metrics.png").stat().st_size > 10_000
     meta = json.loads((tmp_path / "run" / "training_metadata.json").read_text())
-    assert meta["init"] == {"method": "random", "seed": 0, "lm_head_init": "verifier",
-                            "final_norm_init": "ones", "layer_init": "random"}
+    assert meta["init"] == {"method": "random", "seed": 0, "lm_head_init": "verifier"}
     assert meta["run"]["status"] == "finished"
     assert meta["data"]["prepared_manifest_sha256"] and meta["vocab"]["sha256"]
     assert meta["verifier"]["config_sha256"]

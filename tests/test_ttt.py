@@ -79,12 +79,11 @@ def chain_step_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, 
 
 
 def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
-    """[7, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position, and the loss summed over
-    the positions whose chain was right at every earlier step (`train.chain_mask`). full_correct is what greedy
-    serving accepts: the draft matches the verifier's argmax at every step so far, and each step was fed the token
-    serving feeds it (the verifier's argmax, which is the data token only where the data is the verifier's own).
-    Row 6: the chain that follows the data tokens instead (what the metrics counted before)."""
-    sums = torch.zeros(7, STEPS, dtype=torch.float64)
+    """[6, STEPS]: loss_sum, supervised, valid, correct, full_correct, position by position. full_correct is what
+    greedy serving accepts: the draft matches the verifier's argmax at every step so far, and each step was fed the
+    token serving feeds it (the verifier's argmax, which is the data token only where the data is the verifier's
+    own). Row 5: the chain that follows the data tokens instead (what the metrics counted before)."""
+    sums = torch.zeros(6, STEPS, dtype=torch.float64)
     B, L = batch.input_ids.shape
     for b in range(B):
         final = batch.final[b]
@@ -100,12 +99,11 @@ def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
                 p = t + 1 + j
                 ce = -(target[p] * torch.log_softmax(lg, -1)).sum()
                 correct = bool(valid[p]) and int(lg.argmax()) == int(target[p].argmax())
-                reached = chain
                 chain = chain and correct
                 accepted = served and correct
                 served = accepted and int((final[p] @ lm_head.T).argmax()) == int(batch.input_ids[b, p + 1])
-                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, accepted,
-                                            float(ce) * bool(valid[p]) * reached, chain], dtype=torch.float64)
+                sums[:, j] += torch.tensor([float(ce) * bool(valid[p]), 1, bool(valid[p]), correct, accepted, chain],
+                                           dtype=torch.float64)
     return sums
 
 
@@ -131,8 +129,6 @@ def test_targets_rows_are_the_supervised_next_tokens():
 
 
 def test_ttt_steps_read_the_targets_chain_decoding_reads():
-    """...and with `train.chain_mask`, step j > 0 counts a position in the loss only if the draft was right there at
-    every earlier step, as decoding position by position finds; the denominators and the metrics stay unmasked."""
     model = tiny_draft(1).eval()  # seeds 1, 3: some chains stay right through the last step
     batch, lm_head, draft_ids, t2d = tiny_batch(3, on_policy=(0,))  # rows 1, 2: data the verifier did not write
     targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
@@ -140,44 +136,13 @@ def test_ttt_steps_read_the_targets_chain_decoding_reads():
     with torch.no_grad():
         expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
         loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
-        masked, masked_sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS, chain_mask=True),
-                                          denominators)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
-    assert (expected[6] > expected[4]).any()  # and chains that only the data, not the verifier, would continue
+    assert (expected[5] > expected[4]).any()  # and chains that only the data, not the verifier, would continue
     assert torch.equal(denominators, expected[1])
     n = 5  # loss, supervised, valid, correct, full_correct (the alpha rows: tests/test_losses.py)
     torch.testing.assert_close(sums[1:n], expected[1:n], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)
-    assert (expected[5, 1:] < expected[0, 1:]).all() and expected[5, 0] == expected[0, 0]  # broken chains; step 0
-    assert masked.item() == pytest.approx(float((expected[5] / denominators).sum()), rel=1e-5)
     assert loss.item() == pytest.approx(float((expected[0] / denominators).sum()), rel=1e-5)
-    torch.testing.assert_close(masked_sums, sums)
-
-
-def test_feature_loss_regresses_the_lm_head_input_on_the_verifier_state_it_stands_for():
-    """`train.feature_loss`: step j at position t adds w * smooth-L1(norm(draft state), verifier final state at
-    t+1+j), mean over features, for every supervised position, under the same denominators as the CE."""
-    model = tiny_draft(1).eval()
-    batch, lm_head, draft_ids, t2d = tiny_batch(1)
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = supervised_counts(batch.loss_mask, STEPS)
-    weights = [1.0, 0.5, 0.25]
-    expected = torch.zeros(STEPS, dtype=torch.float64)
-    B, L = batch.input_ids.shape
-    with torch.no_grad():
-        base, sums = ttt_forward(model, batch, targets, Objective(STEPS, tuple(weights)), denominators)
-        with_features, sums_f = ttt_forward(model, batch, targets, Objective(STEPS, tuple(weights), feature_loss=0.5),
-                                            denominators)
-        for b in range(B):
-            for t in range(L - 2):
-                for j, (_, h) in enumerate(chain_steps(model, batch.aux[b], batch.input_ids[b], t,
-                                                       min(STEPS, L - 2 - t))):
-                    if batch.loss_mask[b, t + 2 + j]:
-                        expected[j] += torch.nn.functional.smooth_l1_loss(model.norm(h), batch.final[b, t + 1 + j])
-    added = float(sum(w * 0.5 * e / d for w, e, d in zip(weights, expected, denominators)))
-    assert added > 0
-    assert (with_features - base).item() == pytest.approx(added, rel=1e-4)
-    torch.testing.assert_close(sums_f, sums)  # the metrics are the CE's
 
 
 def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():

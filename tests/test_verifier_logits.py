@@ -125,8 +125,8 @@ def test_a_bf16_lm_head_keeps_float32_soft_targets():
 
 @pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_next", "cohere"])
 def test_the_final_norm_is_applied_as_the_model_computes_it(family, tmp_path):
-    """The vLLM hidden-state backend and final_norm_init read the final norm as multiplier * x / rms(x): Gemma and
-    Qwen3-Next/3.5 store w - 1 (applied as 1 + w), Cohere ends in a LayerNorm (refused, by name)."""
+    """The vLLM hidden-state backend reads the final norm as multiplier * x / rms(x): Gemma and Qwen3-Next/3.5 store
+    w - 1 (applied as 1 + w), Cohere ends in a LayerNorm (refused, by name)."""
     import transformers as tf
 
     from eagle3_train.hidden_states.vllm_backend import rms_norm

@@ -60,7 +60,6 @@ class PlanSettings:
     head_dim: int | None = None
     checkpoint_mlp: bool = _TRAIN_DEFAULTS.checkpoint_mlp
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
-    target_temperature: float = _TRAIN_DEFAULTS.target_temperature  # != 1: the loss's target is a new [R, Vd] tensor
     layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
     # the verifier's vLLM server on the training GPUs (GB per GPU; 0: it runs on other machines): hybrid and online
     # training need it beside the trainer
@@ -236,10 +235,9 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     return t
 
 
-def loss_forward_bytes(R: int, Vd: int, target_temperature: float = 1.0) -> int:
-    """Peak of one TTT step's loss forward (ttt._head_loss): four [R, Vd] fp32 tensors at once (see memory_per_rank),
-    five when the target is sharpened (train.target_temperature != 1), a new tensor beside the verifier's rows."""
-    return (4 + (target_temperature != 1.0)) * R * Vd * 4
+def loss_forward_bytes(R: int, Vd: int) -> int:
+    """Peak of one TTT step's loss forward (ttt._head_loss): four [R, Vd] fp32 tensors at once (see memory_per_rank)."""
+    return 4 * R * Vd * 4
 
 
 def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
@@ -277,7 +275,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     if bf16:
         targets_tmp += 2 * V * Ht + 2 * Vd * Ht
-    loss_fwd, loss_bwd = loss_forward_bytes(R, Vd, s.target_temperature), 3 * R * Vd * 4
+    loss_fwd, loss_bwd = loss_forward_bytes(R, Vd), 3 * R * Vd * 4
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
@@ -570,8 +568,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", help="training compute: bf16 (GPU) | fp32 (CPU)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--supervised-fraction", type=float, default=1.0, help="share of tokens with a loss (1 = bound)")
-    p.add_argument("--target-temperature", type=float, default=_TRAIN_DEFAULTS.target_temperature,
-                   help="train.target_temperature (!= 1 adds one [rows, draft vocab] tensor to the loss)")
     p.add_argument("--num-layers", type=int, default=_TRAIN_DEFAULTS.num_layers)
     p.add_argument("--intermediate-size", type=int)
     p.add_argument("--draft-heads", dest="num_attention_heads", type=int)

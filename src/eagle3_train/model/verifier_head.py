@@ -108,8 +108,8 @@ def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
     text, family = text_config(config), family_of(config)
     if family.final_norm == "layernorm":
         raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} ends in a LayerNorm "
-                               f"(mean and variance, with a bias), not an RMSNorm; the vLLM hidden-state backend and "
-                               f"final_norm_init=verifier support RMSNorm verifiers only")
+                               f"(mean and variance, with a bias), not an RMSNorm; the vLLM hidden-state backend "
+                               f"supports RMSNorm verifiers only")
     weight = load_tensor(tensor_locations(verifier_dir), _NORM_KEYS)
     if weight is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no final norm tensor (looked for {', '.join(_NORM_KEYS)})")

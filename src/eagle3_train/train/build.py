@@ -10,8 +10,6 @@ import torch
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.model.layer_init import copy_verifier_layer, load_verifier_layer, source_layers
-from eagle3_train.model.verifier_head import load_final_norm
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
@@ -40,41 +38,10 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
             model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
         elif cfg.lm_head_init != "random":
             raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
-        if cfg.final_norm_init == "verifier":
-            if device != "meta":  # a dry run reads no weight data
-                model.norm.weight.copy_(load_final_norm(inputs.verifier_dir)[0])
-        elif cfg.final_norm_init != "ones":
-            raise Eagle3InputError(f"train.final_norm_init must be 'ones' or 'verifier', got '{cfg.final_norm_init}'")
-        if cfg.layer_init == "verifier":
-            sources = _layer_init_sources(cfg, inputs, draft_cfg.num_layers)
-            if cfg.layer_init_embed not in ("random", "verifier"):
-                raise Eagle3InputError(f"train.layer_init_embed must be 'random' or 'verifier', got "
-                                       f"'{cfg.layer_init_embed}'")
-            if device != "meta":
-                for i, index in enumerate(sources):
-                    copy_verifier_layer(model, i, load_verifier_layer(inputs.verifier_dir, index),
-                                        cfg.layer_init_embed == "verifier")
-        elif cfg.layer_init != "random":
-            raise Eagle3InputError(f"train.layer_init must be 'random' or 'verifier', got '{cfg.layer_init}'")
-    if cfg.freeze_lm_head:
-        model.lm_head.weight.requires_grad_(False)
     return model
 
 
-def _layer_init_sources(cfg: TrainConfig, inputs: RunInputs, num_layers: int) -> list[int]:
-    """The verifier layers `train.layer_init: verifier` copies into the draft's `num_layers` layers."""
-    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
-    return source_layers(cfg.layer_init_index, num_layers, int(text["num_hidden_layers"]))
-
-
-def init_record(cfg: TrainConfig, inputs: RunInputs) -> dict[str, Any]:
+def init_record(cfg: TrainConfig) -> dict[str, Any]:
     """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
-    record: dict[str, Any] = {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init,
-                              "final_norm_init": cfg.final_norm_init, "layer_init": cfg.layer_init}
-    if cfg.layer_init == "verifier":
-        if cfg.finetune_from:
-            raise Eagle3InputError("train.layer_init verifier starts the layers of a draft trained from scratch; with "
-                                   "train.finetune_from they come from the source draft: set one of the two")
-        record["layer_init_layers"] = _layer_init_sources(cfg, inputs, cfg.num_layers)
-        record["layer_init_embed"] = cfg.layer_init_embed
-    return record
+    return {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
+

@@ -23,9 +23,20 @@ RESUME_MAY_CHANGE = frozenset({
     "served_model", "prefetch", "online_concurrency", "hidden_states_dir"})
 
 
+# Options retired after they measured no gain (benchmarks/LOG.md, "Retired training options"), each with the value
+# under which a run trained as this version trains: a YAML or --set key naming one is an error that says so (a flag:
+# argparse's "unrecognized arguments"), and a checkpoint whose settings hold one resumes only at that value.
+RETIRED: dict[str, Any] = {
+    "chain_mask": False, "feature_noise": 0.0, "final_norm_init": "ones", "layer_init": "random",
+    "layer_init_index": -1, "layer_init_embed": "random", "target_temperature": 1.0, "freeze_lm_head": False,
+    "feature_loss": 0.0, "equalise_features": False}
+_LAYER_INIT_ONLY = ("layer_init_index", "layer_init_embed")  # read only under layer_init verifier
+
+
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"
+    RETIRED: ClassVar[dict[str, Any]] = RETIRED
     prepared: str = setting("", "output directory of `eagle3-train prepare`", yaml=False)
     hidden_states: str = setting("", "output directory of `eagle3-train extract` (hybrid mode: where the first "
                                      "epoch's states are written; default OUT/hidden_states)", yaml=False)
@@ -53,26 +64,11 @@ class TrainConfig:
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions", valid=">= 1")
     step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j", valid="> 0")
-    chain_mask: bool = setting(
-        False, "TTT step j > 0 trains only the positions whose draft argmax was right at every earlier step: the "
-               "ones a greedy draft chain reaches when served (GRIFFIN's token alignment)")
-    loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
-                               "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here")
-    loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone",
-                              valid="[0, 1]")
     supervise: Literal["assistant", "all"] = setting(
         "assistant", "training positions whose verifier distribution the draft fits: assistant (the prepared loss "
                      "mask, as in every EAGLE trainer) or all (every token of a row, prompts too: the target is the "
                      "verifier's distribution, which exists everywhere, so the same rows teach more); validation "
                      "always scores the assistant tokens")
-    feature_loss: float = setting(
-        0.0, "weight of a smooth-L1 regression of the draft's lm_head input onto the verifier's final hidden state "
-             "of the position it predicts from (EAGLE-1's feature loss), added to each step's loss; 0: off",
-        valid=">= 0")
-    target_temperature: float = setting(
-        1.0, "temperature of the verifier distribution the loss fits (metrics always use the verifier's own): < 1 "
-             "sharpens it toward the argmax that greedy decoding accepts, 0 = the argmax alone (hard labels); 0 and "
-             "0.5 tied 1 in vLLM at 2.4M tokens here (benchmarks/README.md)", valid=">= 0")
     # optimisation
     epochs: float = setting(1.0, "passes over the training split (fractions allowed)", valid="> 0")
     max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)", valid=">= 1")
@@ -83,26 +79,10 @@ class TrainConfig:
     warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up", valid="[0, 1]")
     min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr", valid="[0, 1]")
     weight_decay: float = setting(0.0, "AdamW weight decay", valid=">= 0")
-    optimizer: Literal["adamw", "muon"] = setting(
-        "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
-                 "AdamW's), AdamW on the lm_head and norms (train/optimizer.py)")
-    muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
-                                    valid=">= 0")
-    muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)")
-    muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group", valid=">= 0")
     beta1: float = setting(0.9, "AdamW beta1", valid="[0, 1)")
     beta2: float = setting(0.95, "AdamW beta2", valid="[0, 1)")
     grad_clip: float = setting(0.5, "gradient norm clip (0: none)", valid=">= 0")
-    equalise_features: bool = setting(
-        False, "train the fc as if every aux feature had the median feature's std (init and optimizer steps of each fc "
-               "column divided by its feature's relative std; the weights served are unchanged): a verifier's "
-               "massive activations (SmolLM2: one feature ~300x the median std) otherwise take the largest steps "
-               "(train/fc_scaling.py)")
-    noise: float = setting(0.0, "uniform +-noise added to the aux features (absolute: see feature_noise)", valid=">= 0")
-    feature_noise: float = setting(
-        0.0, "training only: Gaussian noise on the aux features with std = this x each feature's std over the "
-             "batch's real tokens (scale-free, unlike noise: a verifier's layers differ ~30x in scale); against "
-             "memorising small pools over several epochs", valid=">= 0")
+    noise: float = setting(0.0, "training only: uniform +-noise added to the aux features", valid=">= 0")
     checkpoint_loss: bool = setting(True, "recompute per-step logits in backward (less memory, one extra lm_head "
                                           "matmul)")
     checkpoint_mlp: bool = setting(True, "recompute each step's MLP in backward (less memory, two extra MLP "
@@ -127,18 +107,6 @@ class TrainConfig:
     norm_output: bool = setting(False, "vLLM option: normalise the draft's output hidden state")
     lm_head_init: Literal["verifier", "random"] = setting(
         "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
-    freeze_lm_head: bool = setting(False, "keep the lm_head fixed")
-    final_norm_init: Literal["ones", "verifier"] = setting(
-        "ones", "start the draft's final norm at ones or from the verifier's final norm (with lm_head_init "
-                "verifier the draft's head then starts as the verifier's own)")
-    layer_init: Literal["random", "verifier"] = setting(
-        "random", "start the draft's decoder layer(s) at random or as copies of verifier layers "
-                  "(model/layer_init.py): a prior for small data")
-    layer_init_index: int = setting(-1, "layer_init verifier: the verifier layer copied into draft layer 0 (later "
-                                        "draft layers take the next ones); negative counts from the last")
-    layer_init_embed: Literal["random", "verifier"] = setting(
-        "random", "layer_init verifier: the embedding half of the first layer's q/k/v starts at random, or as the "
-                  "verifier's weights like the hidden half")
     # finetuning
     finetune_from: str | None = setting(None, "start from a published or earlier draft (dir, export or hub id)")
     finetune_vocab: Literal["keep", "rebuild"] = setting(
@@ -167,6 +135,22 @@ class TrainConfig:
                                            "resume later)", valid=">= 1")
     max_eval_batches: int | None = setting(None, "validate on at most N batches", valid=">= 1")
     tensorboard: bool = setting(True, "write TensorBoard event files in --out")
+    # experimental: kept for a rerun at GPU scale (measured on small CPU pools only; docs/CONFIG.md lists them apart)
+    loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
+                               "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here",
+                         experimental=True)
+    loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone",
+                              valid="[0, 1]", experimental=True)
+    optimizer: Literal["adamw", "muon"] = setting(
+        "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
+                 "AdamW's), AdamW on the lm_head and norms (train/optimizer.py); muon was the best recipe at equal "
+                 "data and equal wall-clock on CPU pools", experimental=True)
+    muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
+                                    valid=">= 0", experimental=True)
+    muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)",
+                                   experimental=True)
+    muon_weight_decay: float = setting(0.1, "optimizer muon: decoupled weight decay of the Muon group", valid=">= 0",
+                                       experimental=True)
 
     def __post_init__(self) -> None:  # the Python API too: train(TrainConfig(lr=-1)) stops here
         check_ranges(self)
@@ -177,8 +161,12 @@ class TrainConfig:
     def resume_conflicts(self, previous: dict[str, Any]) -> list[str]:
         """Settings of a checkpoint's run (`previous`) that differ from ours in a way that changes the result."""
         now = self.to_dict()
-        return [f"{k} {previous[k]!r} -> {now[k]!r}" for k in now
-                if k not in RESUME_MAY_CHANGE and k in previous and previous[k] != now[k]]
+        changed = [f"{k} {previous[k]!r} -> {now[k]!r}" for k in now
+                   if k not in RESUME_MAY_CHANGE and k in previous and previous[k] != now[k]]
+        return changed + [f"{k} {previous[k]!r}: a retired option (benchmarks/LOG.md, 'Retired training options'); "
+                          f"this version trains only as with {v!r}" for k, v in RETIRED.items()
+                          if k in previous and previous[k] != v
+                          and not (k in _LAYER_INIT_ONLY and previous.get("layer_init") == "random")]
 
     def step_weights(self) -> list[float]:
         return [self.step_decay ** j for j in range(self.ttt_steps)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import torch
 
 from eagle3_train.hidden_states.source import HiddenStateSource, StoredSource
 from eagle3_train.utils.io import Eagle3InputError
+
+log = logging.getLogger(__name__)
 
 
 def real_tokens(lengths: torch.Tensor, length: int) -> torch.Tensor:
@@ -151,6 +154,11 @@ def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) ->
     return TrainingSamples(cfg.prepared, source, split)
 
 
-def feature_std(aux: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """[3H] std of each aux feature [B, L, 3H] over the batch's real (non-padding) tokens."""
-    return aux[real_tokens(lengths.to(aux.device), aux.shape[1])].float().std(dim=0, correction=0).to(aux.dtype)
+def open_validation(cfg, inputs, rank: int = 0, world_size: int = 1) -> TrainingSamples | None:
+    """The validation split as `open_samples` opens it, or None (with a warning) when the run has none."""
+    try:
+        val = open_samples(cfg, inputs, "validation", rank, world_size)
+    except Eagle3InputError as e:
+        log.warning("no validation data: %s", e)
+        return None
+    return val if len(val) > 0 else None

@@ -38,6 +38,22 @@ def init_distributed(device_type: str) -> DistInfo:
     return info
 
 
+def init_device(device: str) -> tuple[DistInfo, torch.device]:
+    """This process's rank and device for `train.device`: auto (cuda if available), cpu or cuda[:N]; a CUDA device
+    without an index is the local rank's GPU, and becomes the current device."""
+    use_cuda = (device == "auto" and torch.cuda.is_available()) or device.startswith("cuda")
+    info = init_distributed("cuda" if use_cuda else "cpu")
+    if device == "auto":
+        dev = torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device(f"cuda:{info.local_rank}")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return info, dev
+
+
 def broadcast_parameters(model: torch.nn.Module, info: DistInfo) -> None:
     if info.world_size > 1:
         for t in list(model.parameters()) + list(model.buffers()):

@@ -105,8 +105,7 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
         device="cuda" if precision == "bf16" else "cpu", num_layers=mc.num_layers,
         intermediate_size=mc.intermediate_size, num_attention_heads=mc.num_attention_heads,
         num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
-        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss,
-        target_temperature=cfg.target_temperature, layer_ids=tuple(mc.aux_layer_ids)))
+        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids)))
     return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
             "ttt_activations_bytes": p.memory["ttt_activations"]}
 
@@ -306,10 +305,7 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
     names/shapes/dtypes loaded without data."""
     from eagle3_train.train.build import build_model, init_record
 
-    init = init_record(cfg, inputs)
-    if cfg.layer_init == "verifier":  # init_record refused it beside finetune_from
-        not_checked.append(f"the verifier layers {init['layer_init_layers']} copied by train.layer_init (no weight "
-                           f"data is read)")
+    init = init_record(cfg)
     d2t, t2d = inputs.d2t, inputs.t2d
     if cfg.finetune_from:
         from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source

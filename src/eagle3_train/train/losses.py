@@ -26,19 +26,9 @@ _NLA_FLOOR = 1e-6  # α of a hopeless row: keeps −log α (and its 1/α gradien
 
 
 def check_loss(name: str) -> None:
-    """The loss name (its mix and target temperature carry their ranges in TrainConfig)."""
+    """The loss name (its mix carries its range in TrainConfig)."""
     if name not in LOSSES:
         raise Eagle3InputError(f"train.loss must be one of {', '.join(LOSSES)}, got '{name}'")
-
-
-def sharpen(p: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The distribution p [N, V] at `temperature` (softmax(log p / T)); 0: one-hot at its argmax; 1: p itself."""
-    if temperature == 1.0:
-        return p
-    if temperature == 0.0:
-        return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
-    pt = p.pow(1.0 / temperature)
-    return pt / pt.sum(-1, keepdim=True).clamp(min=torch.finfo(pt.dtype).tiny)
 
 
 def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

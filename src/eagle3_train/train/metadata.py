@@ -65,3 +65,13 @@ def _vocab_record(inputs, draft_config: DraftConfig, init: dict[str, Any]) -> di
                                                                               "sha256": inputs.vocab_sha256}}
     return {"origin": "run", "path": str(inputs.vocab_path), "sha256": inputs.vocab_sha256,
             "draft_vocab_size": draft_config.draft_vocab_size}
+
+
+def timing_record(timing: dict[str, float], source) -> dict[str, float]:
+    """Where an invocation's time went: `timing` (training compute, the loop waiting on the source) and, online or
+    hybrid, the summed request and file-read seconds and the retries of the train split's server client."""
+    client = getattr(source, "client", None)
+    extra = {f"server_{k}": round(v, 3) for k, v in client.timing.items()} if client is not None else {}
+    if client is not None and client.pool is not None:
+        extra["server_retries"] = client.pool.retries
+    return {**{k: round(v, 3) for k, v in timing.items()}, **extra}

@@ -7,7 +7,6 @@ Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -21,42 +20,34 @@ from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.data import TrainingSamples, open_samples
+from eagle3_train.train.data import TrainingSamples, open_samples, open_validation
 from eagle3_train.train.distributed import (
-    DistInfo,
     all_reduce_gradients,
     all_reduce_sum_,
     barrier,
     broadcast_parameters,
     destroy,
-    init_distributed,
+    init_device,
 )
-from eagle3_train.train.fc_scaling import EqualisedFC, shared_feature_scale
+from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
-from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
+from eagle3_train.train.metadata import OUTPUT, build_metadata, timing_record, written_by_train
+from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
+from eagle3_train.train.resume import check_resumable
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
 from eagle3_train.utils.host_memory import active_allocator, malloc_trim
-from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, write_json
 from eagle3_train.utils.outputs import claim_output_dir, output_lock, set_aside
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
-
-
-def _device(cfg: TrainConfig, info: DistInfo) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device(f"cuda:{info.local_rank}" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(cfg.device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device(f"cuda:{info.local_rank}")
-    return dev
 
 
 class Trainer:
@@ -73,30 +64,17 @@ class Trainer:
         self._setup_state()
 
     def _setup_device(self) -> None:
-        cfg = self.cfg
-        dev_type = "cuda" if (cfg.device == "auto" and torch.cuda.is_available()) or cfg.device.startswith("cuda") \
-            else "cpu"
-        self.info = init_distributed(dev_type)
-        self.device = _device(cfg, self.info)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.precision = resolve_precision(cfg.precision, self.device)
+        """This process's rank (torchrun) and device, and the precision it resolves to there."""
+        self.info, self.device = init_device(self.cfg.device)
+        self.precision = resolve_precision(self.cfg.precision, self.device)
 
     def _setup_model(self) -> None:
-        """The run's inputs, the draft (built, or a finetune source loaded into its own architecture), the frozen
-        tensors in their dtype, everything on the device and the same on every rank."""
+        """The run's inputs, the draft (built, or a finetune source read, checked, then loaded into a draft of its own
+        architecture), the frozen tensors in their dtype, everything on the device and the same on every rank."""
         cfg = self.cfg
         self.inputs = resolve_inputs(cfg)
-        self.init_record: dict[str, Any] = init_record(cfg, self.inputs)
-        if cfg.finetune_from:
-            from eagle3_train.train.finetune import apply_finetune_source, load_finetune_source
-
-            # Read and check the source first; the draft is built with ITS architecture (and vocab under 'keep').
-            source = load_finetune_source(cfg, self.inputs)
-            self.model = build_model(cfg, self.inputs, overrides=source.draft_overrides, vocab=source.vocab)
-            self.init_record = apply_finetune_source(self.model, cfg, self.inputs, source)
-        else:
-            self.model = build_model(cfg, self.inputs)
+        self.model, self.init_record = (finetune_model(cfg, self.inputs) if cfg.finetune_from
+                                        else (build_model(cfg, self.inputs), init_record(cfg)))
         frozen = verifier_tensor_dtype(self.precision)
         self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
@@ -105,40 +83,28 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
+        """This rank's share of the training and validation samples, and the steps they make."""
         cfg = self.cfg
         ranks = dict(rank=self.info.rank, world_size=self.info.world_size)
         self.train_data = open_samples(cfg, self.inputs, "train", **ranks)
         if len(self.train_data) == 0:
             raise Eagle3InputError(f"no training samples with hidden states in {cfg.hidden_states}/train")
-        try:
-            self.val_data: TrainingSamples | None = open_samples(cfg, self.inputs, "validation", **ranks)
-            if len(self.val_data) == 0:
-                self.val_data = None
-        except Eagle3InputError as e:
-            log.warning("no validation data: %s", e)
-            self.val_data = None
+        self.val_data = open_validation(cfg, self.inputs, **ranks)
         self.micro_per_step = cfg.grad_accum * self.info.world_size
         n_batches = len(plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, 0))
         self.steps_per_epoch = max(1, n_batches // self.micro_per_step)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
 
     def _setup_optimizer(self) -> None:
-        """The optimizer and its schedule, the objective a batch is trained on, and the fc reparameterisation."""
+        """The optimizer and its schedule, and the objective a batch is trained on."""
         cfg = self.cfg
         self.optimizer = DraftOptimizer(self.model, cfg,
                                         lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
         self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
-        self.noise = FeatureNoise(cfg.noise, cfg.feature_noise)
-        self.fc_scaling: EqualisedFC | None = None
-        if cfg.equalise_features:
-            self.fc_scaling = EqualisedFC(self.model.fc.weight, shared_feature_scale(
-                self.train_data, self.model.fc.weight.shape[1], self.info))
-            if not cfg.finetune_from:  # a random fc starts as V ~ N(0, std), W = V / s
-                self.fc_scaling.init()
+        self.noise = FeatureNoise(cfg.noise)  # training batches only
 
     def _setup_state(self) -> None:
         """Progress and bookkeeping of a run that has not trained yet (a resume overwrites them)."""
-        cfg = self.cfg
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # next micro-batch index in this epoch's plan
@@ -146,15 +112,15 @@ class Trainer:
         self.best: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}
         self.validated_step = -1  # the step of the last validation (a resumed finished run must not log it again)
-        self.metrics_lines = 0  # lines in metrics.jsonl: a checkpoint records them, a resume keeps exactly those
+        self.metrics = MetricsLog(self.out, self.info.is_main)
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
-        self.writer = None
         self.last_save = time.monotonic()
         self.skipped_before = 0  # samples the sources skipped in earlier invocations (resume)
         self.skipped_now = 0  # ...in this one, summed over the ranks, in the steps trained and validations run
         self.timing = {"fetch_wait_s": 0.0, "train_s": 0.0}  # this invocation: waiting on the source, computing
-        self.release_host_memory = malloc_trim() if cfg.release_host_memory and self.device.type == "cpu" else None
+        self.release_host_memory = (malloc_trim() if self.cfg.release_host_memory and self.device.type == "cpu"
+                                    else None)
         self.host_malloc = active_allocator()  # fixed for the life of the process
 
     # --- bookkeeping ----------------------------------------------------------------------------------------------
@@ -164,7 +130,8 @@ class Trainer:
                               progress={"step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
                                         "tokens": self.tokens_seen},
                               metrics={"train": self.last_train, "validation": self.last_val, "best": self.best},
-                              source=self.source_record(),
+                              source={**self.train_data.source.identity(),  # mode, servers
+                                      "skipped_samples": self.skipped_samples()},
                               compute={"device": str(self.device), "precision": self.precision,
                                        "host_malloc": self.host_malloc})
 
@@ -173,18 +140,6 @@ class Trainer:
         ahead but not trained is not counted: a resume fetches it again)."""
         return self.skipped_before + self.skipped_now
 
-    def timing_record(self) -> dict[str, float]:
-        """Where this invocation's time went: training compute, the loop waiting on the source, and (online/hybrid)
-        the summed request and file-read seconds of the train split's server client."""
-        client = getattr(self.train_data.source, "client", None)
-        extra = {f"server_{k}": round(v, 3) for k, v in client.timing.items()} if client is not None else {}
-        if client is not None and client.pool is not None:
-            extra["server_retries"] = client.pool.retries
-        return {**{k: round(v, 3) for k, v in self.timing.items()}, **extra}
-
-    def source_record(self) -> dict[str, Any]:
-        """Where the hidden states came from (mode, servers) and how many samples were skipped."""
-        return {**self.train_data.source.identity(), "skipped_samples": self.skipped_samples()}
 
     def training_state(self) -> dict[str, Any]:
         return {**self.optimizer.state_dict(),
@@ -192,8 +147,7 @@ class Trainer:
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
                 "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
-                "metrics_lines": self.metrics_lines,
-                **({"fc_scale": self.fc_scaling.scale.cpu()} if self.fc_scaling else {})}
+                "metrics_lines": self.metrics.lines}
 
     def save(self, reason: str) -> None:
         if self.info.is_main:
@@ -218,20 +172,7 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out)
         if latest is None:
             return False
-        prev = read_json(latest / ckpt.METADATA, "training metadata of the checkpoint")
-        conflicts = self.cfg.resume_conflicts(prev.get("settings", {}))
-        hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
-                                    self.inputs.prepared_manifest_sha256),
-                  "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),
-                                    self.inputs.hidden_manifest_sha256)}
-        if prev.get("vocab", {}).get("origin") == "run":
-            hashes["vocab"] = (prev["vocab"].get("sha256"), self.inputs.vocab_sha256)
-        conflicts += [f"{name} changed (SHA-256 {then[:12]} -> {now[:12]})" for name, (then, now) in hashes.items()
-                      if then and now and then != now]
-        if conflicts:
-            raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
-                                   f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
-                                   f"--out.")
+        prev = check_resumable(self.cfg, self.inputs, latest)
         state = ckpt.load_training_state(latest / ckpt.STATE)
         src = ckpt.load_draft(latest, embed=self.inputs.embed)
         if src.config.to_dict() != self.model.config.to_dict():
@@ -241,36 +182,15 @@ class Trainer:
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
         ckpt.set_rng_state(state["rng"])
-        if self.fc_scaling is not None:  # the s the run started with, not one from other rows
-            self.fc_scaling.scale = state["fc_scale"].to(self.fc_scaling.scale.device)
         self.skipped_before = int(state.get("skipped_samples", 0))
         self.validated_step = int(state.get("validated_step", -1))
         self.init_record = prev.get("init", self.init_record)
-        self._truncate_metrics(self.step, state.get("metrics_lines"))
+        self.metrics.keep_until(self.step, state.get("metrics_lines"))
         log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
         return True
 
-    def _truncate_metrics(self, step: int, lines: int | None) -> None:
-        """Keep the metric lines written before the checkpoint we resume from (later ones will be logged again):
-        the count it recorded, or for older checkpoints the lines up to its step."""
-        path = self.out / "metrics.jsonl"
-        if self.info.is_main and path.is_file():
-            rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
-            keep = rows[:lines] if lines is not None else [ln for ln in rows if json.loads(ln)["step"] <= step]
-            path.write_text("".join(x + "\n" for x in keep))
-            self.metrics_lines = len(keep)
-
     def log_metrics(self, split: str, values: dict[str, float]) -> None:
-        if not self.info.is_main:
-            return
-        rec = {"step": self.step, "epoch": self.epoch, "split": split, "time": time.time(),
-               "tokens_seen": self.tokens_seen, **values}
-        with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        self.metrics_lines += 1
-        if self.writer is not None:
-            for k, v in values.items():
-                self.writer.add_scalar(f"{split}/{k}", v, self.step)
+        self.metrics.write(split, values, step=self.step, epoch=self.epoch, tokens_seen=self.tokens_seen)
 
     # --- compute ------------------------------------------------------------------------------------------------
     def _forward(self, batch, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,15 +236,10 @@ class Trainer:
             sums.add(s)
             tokens += b.num_tokens
         all_reduce_gradients(self.params, self.info)
-        if self.fc_scaling is not None:
-            self.fc_scaling.precondition()
         # Pre-clipping norm, logged: a norm far above the clip means the clip, not the lr, sets the step size.
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
             self.params, cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0 else float("inf")))
-        if self.fc_scaling is not None:
-            self.fc_scaling.step(self.optimizer)
-        else:
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.schedule_step()
         all_reduce_sum_(sums.values, self.info)
         t = torch.tensor([tokens, skipped], dtype=torch.float64)
@@ -358,7 +273,6 @@ class Trainer:
 
     def _best_key(self) -> str:
         """Rank at the k that export and serving use (as far as training-time test estimates it)."""
-
         return f"accept_len_k{min(self.cfg.ttt_steps, NUM_SPECULATIVE_TOKENS)}"
 
     def maybe_best(self, val: dict[str, float]) -> None:
@@ -399,10 +313,8 @@ class Trainer:
             self._set_aside()
         if self.info.is_main:
             write_json(self.out / "training_metadata.json", self.metadata("running"))
-            if cfg.tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        if cfg.tensorboard:
+            self.metrics.open_tensorboard()
         bar = progress(total=self.total_steps, desc="train", unit="step", initial=self.step,
                        disable=not self.info.is_main)
         t0, tok0 = time.time(), self.tokens_seen
@@ -489,21 +401,19 @@ class Trainer:
                     data.close()
 
     def _finish_run(self, t0: float, tok0: int) -> dict[str, Any]:
-        if self.step < self.total_steps:  # stopped early on request: checkpoint and leave
-            self.save("stop_after")
-            destroy(self.info)
-            return {"out": str(self.out), "step": self.step, "stopped": True, "tokens_per_s": 0.0,
-                    "train": self.last_train, "validation": self.last_val, "best": self.best,
-                    "skipped_samples": self.skipped_samples(), "timing": self.timing_record()}
+        stopped = self.step < self.total_steps  # stopped early on request: checkpoint and leave
         # A run killed after its last checkpoint but before final/ resumes here with that step validated and logged.
-        if self.validated_step != self.step:
+        if not stopped and self.validated_step != self.step:
             self._validate()
-        self.save("end of training")
-        train_rate = (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
+        self.save("stop_after" if stopped else "end of training")
+        train_rate = 0.0 if stopped else (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
         result = {"out": str(self.out), "step": self.step, "train": self.last_train, "validation": self.last_val,
                   "best": self.best, "tokens_per_s": train_rate, "skipped_samples": self.skipped_samples(),
-                  "timing": self.timing_record(),
-                  "final_checkpoint": str(self.out / "checkpoints" / f"step-{self.step:07d}")}
+                  "timing": timing_record(self.timing, self.train_data.source)}
+        if stopped:
+            destroy(self.info)
+            return {**result, "stopped": True}
+        result["final_checkpoint"] = str(self.out / "checkpoints" / f"step-{self.step:07d}")
         if self.info.is_main:
             meta = self.metadata("finished")
             meta["run"]["tokens_per_s"] = train_rate
@@ -511,8 +421,7 @@ class Trainer:
             write_json(self.out / "training_metadata.json", meta)
             ckpt.save_checkpoint(self.out / "final", self.model, None, meta)
             result["final"] = str(self.out / "final")
-            if self.writer is not None:
-                self.writer.close()
+            self.metrics.close()
             from eagle3_train.train.plots import plot_metrics
 
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")

@@ -20,7 +20,7 @@ import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
-from eagle3_train.train.losses import acceptance, row_loss, sharpen, soft_cross_entropy
+from eagle3_train.train.losses import acceptance, row_loss, soft_cross_entropy
 from eagle3_train.train.objective import Objective
 from eagle3_train.train.targets import Targets
 
@@ -28,12 +28,6 @@ from eagle3_train.train.targets import Targets
 def supervised_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
     """Positions supervised at each TTT step (depends on the loss mask only): the loss denominators."""
     return torch.stack([loss_mask[:, 2 + j:].sum() for j in range(steps)]).double()
-
-
-def feature_regression(model: Eagle3Draft, out: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
-    """Smooth-L1 of the draft's lm_head input, norm(out) [rows, H], against the verifier's final hidden state at the
-    position whose next token the row predicts (EAGLE-1's feature loss), mean over H, summed over rows."""
-    return F.smooth_l1_loss(model.norm(out).float(), final.float(), reduction="none").mean(-1).sum()
 
 
 NUM_SUMS = 7
@@ -80,39 +74,37 @@ class StepSums:
 
 
 def _advance_chain(chain: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor, n: int,
-                   correct: torch.Tensor, carry: torch.Tensor | None = None) -> torch.Tensor:
-    """After a TTT step: position t's chain [B, L] holds on if it held and the step was right there (and, with
-    `carry`, only if the next step is fed what serving would feed it); positions not scored at this step (the first n
-    are the step's) break theirs. Returns the chain of the step's rows up to this step."""
+                   correct: torch.Tensor, carry: torch.Tensor) -> torch.Tensor:
+    """After a TTT step: position t's chain [B, L] holds on if it held, the step was right there and (`carry`) the
+    next step is fed what serving would feed it; positions not scored at this step (the first n are the step's) break
+    theirs. Returns the chain of the step's rows up to this step."""
     ok = chain[b_idx, t_idx] & correct
     chain[:, :n] = False
-    chain[b_idx, t_idx] = ok if carry is None else ok & carry
+    chain[b_idx, t_idx] = ok & carry
     return ok
 
 
 def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor, rows: torch.Tensor,
                valid: torch.Tensor, in_mass: torch.Tensor, loss: str = "ce", loss_mix: float = 0.5,
-               target_temperature: float = 1.0, scored: torch.Tensor | None = None,
-               reached: torch.Tensor | None = None
+               scored: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed loss over valid rows, the same sum over the scored rows (a metric), the draft's argmax (draft-vocab
     index) of every row, and the summed alpha and p_draft metrics over the scored rows (`scored` [rows] bool: the
-    rows the metrics count; None: all; `reached` [rows] bool: the rows the loss counts, `train.chain_mask`).
+    rows the metrics count; None: all).
 
     The target rows are gathered here, not by the caller: under checkpointing the inputs are kept for backward, and
     a gathered [rows, Vd] copy per TTT step was the largest thing kept (the shared `all_probs` costs nothing extra).
     """
     p = all_probs[rows].float()
-    target = sharpen(p, target_temperature)  # the verifier's own p unless train.target_temperature says otherwise
     # The loss first: recomputing for backward stops once the last tensor backward needs is recomputed (checkpoint
     # early stop), so the metrics below are computed once, not twice. No name holds the logits: backward does not
     # need them, so they are freed before the metrics' [rows, Vd] temporaries exist.
     if loss == "ce":
-        per_row, q = soft_cross_entropy(model.logits(hidden).float(), target)
+        per_row, q = soft_cross_entropy(model.logits(hidden).float(), p)
     else:
         log_q = torch.log_softmax(model.logits(hidden).float(), dim=-1)
-        per_row, q = row_loss(log_q, target, loss, loss_mix), log_q.detach().exp()
-    loss_sum = (per_row * (valid if reached is None else valid & reached)).sum()
+        per_row, q = row_loss(log_q, p, loss, loss_mix), log_q.detach().exp()
+    loss_sum = (per_row * valid).sum()
     with torch.no_grad():  # metrics against the verifier's full-vocab probabilities on the draft vocab
         w = torch.ones_like(per_row) if scored is None else scored.to(per_row.dtype)
         scored_loss = (per_row * valid * w).sum()
@@ -130,21 +122,17 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
     loss = sum_j w_j * sum_{valid t} loss_j(t) / denominators[j], so that summing over micro-batches and ranks gives
     the same gradient as one big batch (loss_j: `objective.loss`, see train/losses.py). The metrics count the
     positions of `batch.scored_mask` when the batch has one (training on every token still reports the assistant
-    tokens), else those of the loss mask. `objective.chain_mask`: step j > 0 trains only the positions whose draft
-    argmax was right at steps 0..j-1, the ones a greedy chain reaches when served (the denominators stay those of the
-    loss mask).
+    tokens), else those of the loss mask.
     """
     B, L = batch.input_ids.shape
-    steps, step_weights, chain_mask = objective.steps, objective.step_weights, objective.chain_mask
-    checkpoint_loss, checkpoint_mlp, feature_loss = (objective.checkpoint_loss, objective.checkpoint_mlp,
-                                                     objective.feature_loss)
-    head_options = (objective.loss, objective.loss_mix, objective.target_temperature)
+    steps, step_weights = objective.steps, objective.step_weights
+    checkpoint_loss, checkpoint_mlp = objective.checkpoint_loss, objective.checkpoint_mlp
+    head_options = (objective.loss, objective.loss_mix)
     h = model.fuse(batch.aux)
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
     chain_ok = torch.ones(B, L, dtype=torch.bool, device=h.device)
     draft_ids = model.draft_token_ids()
-    reach = torch.ones(B, L, dtype=torch.bool, device=h.device) if chain_mask else None  # chain over the loss mask
     sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
     for j in range(steps):
@@ -158,25 +146,18 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
         scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
-        reached = None if reach is None else reach[b_idx, t_idx]  # all True at step 0
         if checkpoint_loss and torch.is_grad_enabled():
             # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
             # TTT step: the largest activations of a step, for one extra lm_head matmul.
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
                 _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options,
-                scored, reached, use_reentrant=False)
+                scored, use_reentrant=False)
         else:
             loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
-                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options, scored,
-                reached)
-        if feature_loss > 0:
-            loss_sum = loss_sum + feature_loss * feature_regression(model, out[b_idx, t_idx],
-                                                                    batch.final[b_idx, t_idx + 1 + j])
+                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options, scored)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
             match = draft_argmax == targets.argmax[rows]
-            if reach is not None:  # the loss's chain: every supervised row
-                _advance_chain(reach, b_idx, t_idx, n, match & valid)
             if scored is not None:  # the metrics count the scored rows only
                 valid = valid & scored
             correct = match & valid

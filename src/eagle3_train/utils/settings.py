@@ -30,18 +30,20 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *,  # noqa: A002
             default_factory: Callable[[], Any] | Any = dataclasses.MISSING, flag: str | None = None,
             aliases: tuple[str, ...] = (), choices: Iterable[Any] | None = None, cli: bool = True, yaml: bool = True,
             required: bool = False, positional: bool = False, metavar: str | None = None,
-            commas: bool = True, valid: str | None = None) -> Any:
+            commas: bool = True, valid: str | None = None, experimental: bool = False) -> Any:
     """A dataclass field with what the CLI and the docs need to know about it.
 
     `flag`: the primary option (default `--field-name`); `aliases`: other accepted spellings; `cli`/`yaml`: whether
     the setting is a flag / a key of the YAML section (paths the pipeline fills in are `yaml=False`); `required`:
     a required flag (the dataclass default then only serves the Python API); `positional`: an argument, not a flag;
     `commas=False`: a repeated list flag whose values may contain commas (each use is one item); `valid`: the range
-    of a number as an interval, e.g. ">= 1", "> 0", "[0, 1]", "[0, 1)" (None, where allowed, is always valid).
+    of a number as an interval, e.g. ">= 1", "> 0", "[0, 1]", "[0, 1)" (None, where allowed, is always valid);
+    `experimental`: kept for a rerun at scale, not part of the stage's core settings (the docs list it apart, the
+    flag's help says so).
     """
     meta = {"help": help, "flag": flag, "aliases": tuple(aliases), "choices": tuple(choices) if choices else None,
             "cli": cli, "yaml": yaml, "required": required, "positional": positional, "metavar": metavar,
-            "commas": commas, "valid": valid}
+            "commas": commas, "valid": valid, "experimental": experimental}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
 
 
@@ -129,9 +131,22 @@ def section_name(cls: type) -> str:
     return getattr(cls, "SECTION", cls.__name__)
 
 
+def is_experimental(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("experimental"))
+
+
+def core_fields(cls: type) -> list[dataclasses.Field]:
+    """The settings of `cls` that are not experimental."""
+    return [f for f in dataclasses.fields(cls) if not is_experimental(f)]
+
+
 # --- checking values (YAML sections, --set, Python) ------------------------------------------------------------
-def unknown_key_error(key: str, valid: Iterable[str], where: str) -> Eagle3InputError:
-    """One line naming the key, where it was found and the closest valid name."""
+def unknown_key_error(key: str, valid: Iterable[str], where: str, cls: type | None = None) -> Eagle3InputError:
+    """One line naming the key, where it was found and the closest valid name (or, for a setting `cls` retired, that
+    it was retired: its `RETIRED` names them)."""
+    if key in getattr(cls, "RETIRED", {}):
+        return Eagle3InputError(f"unknown key '{key}' in {where}: '{key}' was retired after it measured no gain "
+                                f"(benchmarks/LOG.md, 'Retired training options'); delete it")
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(valid)}"
@@ -215,7 +230,7 @@ def build_settings(cls: type[T], values: dict[str, Any], where: str, *, yaml_onl
     out: dict[str, Any] = {}
     for key, value in values.items():
         if key not in valid:
-            raise unknown_key_error(str(key), valid, where)
+            raise unknown_key_error(str(key), valid, where, cls)
         out[key] = _coerce(value, hints[key], f"{where}: '{key}'", fields[key].metadata.get("choices"))
     settings = cls(**out)
     check_ranges(settings, where)
@@ -237,7 +252,7 @@ def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] 
                 raise Eagle3InputError(f"--set '{item}': section '{section}' is not one of {list(prefixes)}")
         where = f"section '{prefixes[0]}' (--set {item})" if prefixes else f"--set {item}"
         if key not in names:
-            raise unknown_key_error(key, names, where)
+            raise unknown_key_error(key, names, where, cls)
         try:
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError as e:
@@ -311,8 +326,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, set_op
         if not meta.get("cli", True) or f.name in skip:
             continue
         hint, default = hints[f.name], _default(f)
-        kw: dict[str, Any] = {"help": _help(meta.get("help", ""), default, meta.get("required", False)),
-                              "default": default}
+        text = ("experimental: " if is_experimental(f) else "") + meta.get("help", "")
+        kw: dict[str, Any] = {"help": _help(text, default, meta.get("required", False)), "default": default}
         if meta.get("metavar"):
             kw["metavar"] = meta["metavar"]
         if meta.get("positional"):
@@ -320,7 +335,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, set_op
             continue
         kw["dest"] = f.name
         if _scalar(hint) is bool and not _is_list(hint):
-            kw["help"] = meta.get("help", "")
+            kw["help"] = text
             parser.add_argument(*flags(f), action=_Bool, **kw)
             continue
         kw["type"] = _scalar(hint)
@@ -384,11 +399,14 @@ def _kind(hint: Any) -> str:
     return " | ".join(parts)
 
 
-def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = True) -> str:
-    """The docs of one settings dataclass: key, CLI flag, type, default, meaning."""
+EXPERIMENTAL_INTRO = ("Experimental: kept for a rerun at GPU scale, measured on small CPU pools only "
+                      "(benchmarks/LOG.md). Their meaning and defaults may change, or they may be retired.")
+
+
+def _rows(cls: type, fields: list[dataclasses.Field], flags_shown: bool) -> list[str]:
     hints = _hints(cls)
     rows = ["| key | CLI flag | type | default | meaning |", "|---|---|---|---|---|"]
-    for f in dataclasses.fields(cls):
+    for f in fields:
         meta = f.metadata
         key = f"`{f.name}`" if meta.get("yaml", True) else f"({f.name})"
         if not (flags_shown and meta.get("cli", True)):
@@ -403,7 +421,18 @@ def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = T
         meaning = (meta.get("help", "") + (f" (valid: {meta['valid']})" if meta.get("valid") else "")
                    ).replace("|", "\\|")
         rows.append(f"| {key} | {flag} | {kind.replace('|', chr(92) + '|')} | {default} | {meaning} |")
+    return rows
+
+
+def markdown_table(cls: type, title: str, intro: str = "", flags_shown: bool = True) -> str:
+    """The docs of one settings dataclass: key, CLI flag, type, default, meaning; experimental settings in a table
+    of their own after the others."""
     parts = [f"## {title}", ""]
     if intro:
         parts += [intro, ""]
-    return "\n".join(parts + rows) + "\n"
+    parts += _rows(cls, core_fields(cls), flags_shown)
+    experimental = [f for f in dataclasses.fields(cls) if is_experimental(f)]
+    if experimental:
+        parts += ["", f"### {title}: experimental", "", EXPERIMENTAL_INTRO, "",
+                  *_rows(cls, experimental, flags_shown)]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,32 @@
+"""What `train --resume` checks before it continues a run from its latest checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from eagle3_train.checkpoints import native as ckpt
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.inputs import RunInputs
+from eagle3_train.utils.io import Eagle3InputError, read_json
+
+
+def check_resumable(cfg: TrainConfig, inputs: RunInputs, latest: Path) -> dict[str, Any]:
+    """The training metadata of checkpoint `latest`, once its settings (those that shape the result), prepared data,
+    hidden states and run vocabulary are found to be this run's; otherwise an error naming every difference."""
+    prev = read_json(latest / ckpt.METADATA, "training metadata of the checkpoint")
+    conflicts = cfg.resume_conflicts(prev.get("settings", {}))
+    hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
+                                inputs.prepared_manifest_sha256),
+              "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),
+                                inputs.hidden_manifest_sha256)}
+    if prev.get("vocab", {}).get("origin") == "run":
+        hashes["vocab"] = (prev["vocab"].get("sha256"), inputs.vocab_sha256)
+    conflicts += [f"{name} changed (SHA-256 {then[:12]} -> {now[:12]})" for name, (then, now) in hashes.items()
+                  if then and now and then != now]
+    if conflicts:
+        raise Eagle3InputError(f"cannot resume from {latest}: it was trained with other settings or data "
+                               f"({'; '.join(conflicts)}). Resume with the same settings, or train into a new "
+                               f"--out.")
+    return prev
+
