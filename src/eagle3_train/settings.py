@@ -63,8 +63,9 @@ class RunSettings:
 @dataclass
 class PrepareSettings:
     SECTION: ClassVar[str] = "prepare"
-    data: str = setting("sharegpt", "conversations: 'sharegpt' (embedded), a ShareGPT/OpenAI-messages .json/.jsonl "
-                                    "file, or a `generate` output dir")
+    data: str = setting("sharegpt", "conversations: 'sharegpt' (embedded), a preset (ultrachat, openthoughts: "
+                                    "docs/DATA.md), a ShareGPT/OpenAI-messages .json/.jsonl file, or a `generate` "
+                                    "output dir")
     verifier: str = setting("", VERIFIER_HELP + " (its tokenizer and chat template)", required=True, yaml=False)
     out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
     max_length: int = setting(2048, "tokens per sample", valid=">= 1")
@@ -103,7 +104,8 @@ class GenerateSettings:
                                             "regenerated (past generate.limit or skipped by it, up to prepare.limit): "
                                             "on-policy data where generated, more data at no generation cost",
                                      cli=False)
-    data: str = setting("sharegpt", "conversations: 'sharegpt', a .json/.jsonl file or a data dir", required=True,
+    data: str = setting("sharegpt", "conversations: 'sharegpt', a preset (ultrachat, openthoughts: docs/DATA.md), "
+                                    "a .json/.jsonl file or a data dir", required=True,
                         yaml=False)
     out: str = setting("", "output directory (conversations.jsonl, manifest.json)", required=True, yaml=False)
     endpoint: list[str] = setting(default_factory=list, help="OpenAI-compatible base URL, e.g. "

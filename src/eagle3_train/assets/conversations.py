@@ -98,18 +98,25 @@ def sharegpt_path() -> Path:
 
 
 def resolve_source(source: str | Path) -> Path:
-    """'sharegpt', a .json/.jsonl file, or a directory holding `conversations.jsonl` (the `generate` output)."""
+    """'sharegpt', a dataset preset (assets/data_presets.py), a .json/.jsonl file, or a directory holding
+    `conversations.jsonl` (the `generate` output)."""
+    from eagle3_train.assets import data_presets
+
     if str(source) == EMBEDDED_SHAREGPT:
         return sharegpt_path()
     p = Path(source).expanduser()
+    named = data_presets.preset(str(source))
+    if named is not None and not p.exists():  # a file of that name wins
+        return data_presets.fetch(named)
     if p.is_dir():
         if (p / "conversations.jsonl").is_file():
             return p / "conversations.jsonl"
         raise Eagle3InputError(f"data directory {p} has no conversations.jsonl (expected the output of "
                                f"`eagle3-train generate`)")
     if not p.is_file():
-        raise Eagle3InputError(f"data source not found: {p} (expected '{EMBEDDED_SHAREGPT}', a .json/.jsonl file "
-                               f"of conversations, or a `generate` output directory)")
+        raise Eagle3InputError(f"data source not found: {p} (expected '{EMBEDDED_SHAREGPT}', a dataset preset "
+                               f"(ultrachat, openthoughts), a .json/.jsonl file of conversations, or a `generate` "
+                               f"output directory)")
     return p
 
 
@@ -325,6 +332,10 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
     if not isinstance(turns, list):
         raise Eagle3InputError(f"{where}: field '{list_key}' must be a list of turns, got {type(turns).__name__}")
     messages = []
+    system = record.get("system")  # a top-level system prompt (OpenThoughts and other ShareGPT-style sets)
+    if isinstance(system, str) and system.strip() and not any(
+            isinstance(t, dict) and str(t.get(role_key, "")).lower() == "system" for t in turns):
+        messages.append({"role": "system", "content": _content(system, where, "system")})
     for j, turn in enumerate(turns):
         twhere = f"{where}, {list_key}[{j}]"
         if not isinstance(turn, dict) or role_key not in turn or content_key not in turn:
