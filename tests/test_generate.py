@@ -270,6 +270,10 @@ def test_generate_reasoning_modes_and_sampling(servers, tmp_path):
     m1 = regenerate(src, tmp_path / "a", [plain.base_url], None, **kw)  # model discovered from /v1/models
     m2 = regenerate(src, tmp_path / "b", [plain.base_url], MODEL, **kw)
     assert m1["model"] == MODEL and m1["sampling"]["seed"] == 7 and m1["sampling"]["reasoning"] == "disable"
+    # no --concurrency: what the server's KV cache holds at 16 new tokens + a 1,024-token prompt (vLLM's metrics)
+    (server,) = m1["concurrency_from"]["endpoints"].values()
+    assert server["kv_cache_tokens"] > 0
+    assert m1["concurrency"] == server["in_flight"] == max(1, min(256, server["kv_cache_tokens"] // (16 + 1024)))
     a = {r["id"]: r["messages"] for r in recover_jsonl(tmp_path / "a" / "conversations.jsonl")[0]}
     b = {r["id"]: r["messages"] for r in recover_jsonl(tmp_path / "b" / "conversations.jsonl")[0]}
     assert a == b and len(a) == 2 and m2["counts"]["done"] == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from eagle3_train.evaluate.metrics_parse import counter_total, parse_prometheus, spec_decode_counters
+from eagle3_train.serving.metrics import counter_total, parse_prometheus, spec_decode_counters
 
 K = 3  # draft tokens per draft
 

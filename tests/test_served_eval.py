@@ -9,7 +9,8 @@ import pytest
 from vllm_helpers import require_vllm, shared_server
 
 from eagle3_train.evaluate.prompts import EvalPrompt
-from eagle3_train.evaluate.served import add_served_arguments, evaluate_served, root_url, run_served
+from eagle3_train.evaluate.served import add_served_arguments, evaluate_served, run_served
+from eagle3_train.serving.metrics import root_url
 from eagle3_train.settings import ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import settings_from_args

