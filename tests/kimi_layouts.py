@@ -3,7 +3,7 @@ shapes, dtypes and config, and a tiny dataset with hidden states at Kimi's width
 
 Big tensors are written as zeros in sparse files (`write_sparse_safetensors`): a 2.4 GB draft costs a few kB of disk
 and no RAM; d2t/t2d and the hidden states are real. Shapes follow SpecForge's `configs/kimi-k2-eagle3.json`, which
-the published draft was trained with (see issue 10).
+the published draft was trained with.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Kimi finetune end to end at SmolLM2's width (issue 10.5): a random checkpoint in AQ-MedAI's layout (bf16
+"""The Kimi finetune end to end at SmolLM2's width: a random checkpoint in AQ-MedAI's layout (bf16
 `midlayer.*`, aux ids only in `eagle_config`, training_state.pt beside it) -> finetune with a rebuilt vocabulary on our
 data -> export -> vLLM loads it and drafts with it. Acceptance is not the point here (the source is random)."""
 

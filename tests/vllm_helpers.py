@@ -1,5 +1,5 @@
-"""Shared helpers for the tests that start a real vLLM server: a RANDOM EAGLE-3 draft for SmolLM2 ("Format A",
-see checkpoint-formats.md) and a per-process cache of servers so test modules share one start-up each."""
+"""Shared helpers for the tests that start a real vLLM server: a RANDOM EAGLE-3 draft for SmolLM2 (the EAGLE layout,
+vLLM's llama_eagle3.py reads) and a per-process cache of servers so test modules share one start-up each."""
 
 from __future__ import annotations
 
