@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3_train.checkpoints.native import load_draft, save_checkpoint
-from eagle3_train.evaluate.offline import evaluate_offline, held_out_check
+from eagle3_train.evaluate.offline import ThinkTags, evaluate_offline, held_out_check
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.evaluate.report import format_table
 from eagle3_train.model.config import DraftConfig
@@ -165,6 +165,35 @@ def test_rigged_draft_acceptance_matches_brute_force(tiny, tmp_path):
     check_against_hf(result, tiny, prompts, k, max_new)
     accepted = [r["accepted"] for r in rounds]
     assert sum(accepted) > 0 and min(accepted) < k  # both acceptances and rejections happened
+
+
+def test_a_thinking_models_rounds_are_counted_inside_and_after_its_reasoning(tiny, tmp_path):
+    """Rounds that start before the reasoning closes count as `reasoning`, the rest as `answer`: the prompt opens the
+    reasoning (its last token plays `<think>`) and a token from the middle of the output plays `</think>`."""
+    k, max_new = 3, 32
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny).eval()
+    prompts = [PROMPTS[1]]
+    ids = prompt_ids(tokenizer, [{"role": "user", "content": prompts[0].turns[0]}])
+    ref = hf_generate(model, ids, max_new, [tokenizer.eos_token_id])
+    favourite = Counter(ref).most_common(1)[0][0]
+    ckpt = save_draft(tmp_path / "ckpt", constant_draft(make_draft(tiny, must_include=(favourite,)), favourite))
+    think = ThinkTags(start=ids[-1], end=ref[len(ref) // 2])
+    result = evaluate_offline(ckpt, tiny, prompts, k=k, max_new_tokens=max_new, record_rounds=True, think=think)
+    turn = result["prompts"][0]["turns"][0]
+    expected: dict[str, list[int]] = {}
+    for r in turn["rounds"]:
+        inside = True  # the prompt ends with the opening tag
+        for t in turn["tokens"][:r["start"]]:
+            inside = True if t == think.start else False if t == think.end else inside
+        region = "reasoning" if inside else "answer"
+        tally = expected.setdefault(region, [0, 0])
+        tally[0], tally[1] = tally[0] + 1, tally[1] + r["accepted"]
+    by_region = result["overall"]["by_region"]
+    assert {n: [s["num_drafts"], s["num_accepted_tokens"]] for n, s in by_region.items()} == expected
+    assert set(expected) == {"reasoning", "answer"}  # both regions met
+    assert sum(s["num_drafts"] for s in by_region.values()) == result["overall"]["num_drafts"]
+    assert "by_region" not in evaluate_offline(ckpt, tiny, prompts, k=k, max_new_tokens=8)["overall"]  # no tags
 
 
 @pytest.fixture(scope="module")

@@ -145,6 +145,32 @@ class TurnOutput:
     matched: int = 0
     rounds: list[dict[str, Any]] = field(default_factory=list)  # filled when record_rounds
     margins: list[float] = field(default_factory=list)  # greedy: top-1 minus top-2 logit per step
+    # a thinking model's output: [drafts, accepted] of the rounds that start inside its reasoning and after it
+    regions: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """Token ids that open and close a thinking model's reasoning (`<think>`, `</think>`)."""
+    start: int
+    end: int
+
+    @classmethod
+    def of(cls, tokenizer, start: str = "<think>", end: str = "</think>") -> ThinkTags | None:
+        """The tags when each is one token of the vocabulary (a thinking model's), else None."""
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in (start, end)]
+        if any(not isinstance(i, int) or i == tokenizer.unk_token_id for i in ids):
+            return None
+        return cls(*ids)
+
+    def reasoning_after(self, ids: list[int], inside: bool = False) -> bool:
+        """Whether the text after `ids` is reasoning: a `<think>` not yet closed (`inside`: state before `ids`)."""
+        for t in ids:
+            if t == self.start:
+                inside = True
+            elif t == self.end:
+                inside = False
+        return inside
 
 
 def _finish(tokens: list[int], new: list[int], stop: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
@@ -168,8 +194,9 @@ def _margin(logits: torch.Tensor) -> float:
 
 @torch.no_grad()
 def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[int], k: int, max_new_tokens: int,
-                 stop: set[int], record_rounds: bool = False) -> TurnOutput:
-    """Greedy chain speculative decoding of one turn (batch size 1)."""
+                 stop: set[int], record_rounds: bool = False, think: ThinkTags | None = None) -> TurnOutput:
+    """Greedy chain speculative decoding of one turn (batch size 1); with `think`, each round's drafts and accepted
+    tokens are also counted by whether the round starts inside the model's reasoning or after it."""
     t0 = time.perf_counter()
     device = verifier.model.device
     to_target = draft.draft_token_ids().to(device)
@@ -178,6 +205,7 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
     out = TurnOutput(tokens=[], seconds=0.0, verifier_forwards=1, accepted_per_pos=[0] * k)
     first, done = _finish([], [int(logits[-1].argmax())], stop, max_new_tokens)
     out.tokens += first
+    reasoning = think.reasoning_after(prompt_ids + first) if think else False
     ids = list(prompt_ids) + first
     pending = aux  # verifier features of positions draft_len .. len(ids)-2, not yet seen by the draft
     draft_len, kv = 0, None
@@ -211,6 +239,10 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
         out.matched += a
         for i in range(counted):
             out.accepted_per_pos[i] += 1
+        if think:
+            tally = out.regions.setdefault("reasoning" if reasoning else "answer", [0, 0])
+            tally[0], tally[1] = tally[0] + 1, tally[1] + counted
+            reasoning = think.reasoning_after(new, reasoning)
         if record_rounds:
             out.rounds.append({"start": len(out.tokens), "proposal": proposal, "accepted": counted, "matched": a,
                                "emitted": new, "draft_margins": margins})
@@ -287,6 +319,7 @@ class Tally:
     prefills: int = 0
     seconds: float = 0.0
     turns: int = 0
+    regions: dict[str, list[int]] = field(default_factory=dict)  # reasoning / answer: [drafts, accepted]
 
     def __post_init__(self) -> None:
         self.accepted_per_pos = self.accepted_per_pos or [0] * self.k
@@ -300,6 +333,9 @@ class Tally:
         self.prefills += 1
         self.seconds += t.seconds
         self.turns += 1
+        for name, (drafts, accepted) in t.regions.items():
+            tally = self.regions.setdefault(name, [0, 0])
+            tally[0], tally[1] = tally[0] + drafts, tally[1] + accepted
 
     def summary(self) -> dict[str, Any]:
         d, acc = self.num_drafts, sum(self.accepted_per_pos)
@@ -319,6 +355,10 @@ class Tally:
             "tokens_per_verifier_forward": (self.new_tokens - self.prefills) / decode_fwd if decode_fwd else None,
             "seconds": round(self.seconds, 3),
             "tokens_per_s": self.new_tokens / self.seconds if self.seconds else None,
+            # a thinking model: acceptance inside its reasoning and in its answer (rounds by where they start)
+            **({"by_region": {name: {"num_drafts": d_, "num_accepted_tokens": a_,
+                                     "mean_acceptance_length": 1.0 + a_ / d_ if d_ else None}
+                              for name, (d_, a_) in sorted(self.regions.items())}} if self.regions else {}),
         }
 
 
@@ -435,13 +475,16 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
                      dtype: torch.dtype = getattr(torch, _D.dtype), check_greedy: bool = _D.check_greedy,
                      prepared: str | Path | None = _D.prepared, tie_tol: float = _D.tie_tol,
                      record_rounds: bool = False, verifier_model=None, tokenizer=None,
-                     trust_remote_code: bool = _D.trust_remote_code) -> dict[str, Any]:
+                     trust_remote_code: bool = _D.trust_remote_code,
+                     think: ThinkTags | None = None) -> dict[str, Any]:
     """Acceptance of `draft` for `verifier` on `prompts` by chain speculative decoding (see the module docstring).
 
     `draft`: a checkpoint/run dir, an exported dir (EAGLE or speculators format) or a ready Eagle3Draft (used as is,
     embedding included). `prepared`: the prepared data to test the prompts against (default: the draft's
-    training_metadata `data.prepared`). Raises GreedyMismatchError when the output differs from greedy decoding
-    other than on a near-tie (logit gap < tie_tol); near-tie differences are reported in `greedy_check`.
+    training_metadata `data.prepared`). `think`: the reasoning tags whose rounds are counted apart (`by_region`;
+    default: `<think>`/`</think>` when each is one token of the verifier's vocabulary). Raises GreedyMismatchError
+    when the output differs from greedy decoding other than on a near-tie (logit gap < tie_tol); near-tie
+    differences are reported in `greedy_check`.
     """
     check_at_least("k (draft tokens per round)", k, 1)
     check_at_least("max_new_tokens", max_new_tokens, 1)
@@ -466,8 +509,10 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
 
     tapped = TappedVerifier(verifier_model, draft.config.aux_layer_ids)
     stop = stop_token_ids(tokenizer, verifier_model)
+    if think is None:
+        think = ThinkTags.of(tokenizer)
     run = _OfflineRun(tapped, draft, tokenizer, stop, k=k, max_new_tokens=max_new_tokens, check_greedy=check_greedy,
-                      tie_tol=tie_tol, record_rounds=record_rounds)
+                      tie_tol=tie_tol, record_rounds=record_rounds, think=think)
     records: list[dict[str, Any]] = []
     bar = progress(total=len(prompts), desc="offline eval", unit="prompt")
     try:
@@ -518,10 +563,12 @@ class _OfflineRun:
     """Decodes the prompts one turn at a time and keeps the tallies (overall, per benchmark, greedy reference)."""
 
     def __init__(self, tapped: TappedVerifier, draft: Eagle3Draft, tokenizer, stop: set[int], *, k: int,
-                 max_new_tokens: int, check_greedy: bool, tie_tol: float, record_rounds: bool) -> None:
+                 max_new_tokens: int, check_greedy: bool, tie_tol: float, record_rounds: bool,
+                 think: ThinkTags | None) -> None:
         self.tapped, self.draft, self.tokenizer, self.stop = tapped, draft, tokenizer, stop
         self.k, self.max_new_tokens, self.check_greedy = k, max_new_tokens, check_greedy
         self.tie_tol, self.record_rounds = tie_tol, record_rounds
+        self.think = think
         self.overall, self.greedy = Tally(k), Tally(k)
         self.by_benchmark: dict[str, Tally] = {}
         self.mismatches: list[dict[str, Any]] = []
@@ -539,7 +586,7 @@ class _OfflineRun:
 
     def turn(self, p: EvalPrompt, t: int, prompt_ids: list[int]) -> dict[str, Any]:
         spec = chain_decode(self.tapped, self.draft, prompt_ids, self.k, self.max_new_tokens, self.stop,
-                            self.record_rounds)
+                            self.record_rounds, self.think)
         self.overall.add(spec)
         self.by_benchmark.setdefault(p.benchmark, Tally(self.k)).add(spec)
         turn_rec: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "new_tokens": len(spec.tokens),

@@ -25,6 +25,8 @@ def acceptance_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     rows = [(name, s) for name, s in benchmarks.items() if isinstance(s, dict)] if isinstance(benchmarks, dict) else []
     if results.get("overall") and len(rows) != 1:
         rows.append(("overall", results["overall"]))
+    for name, s in ((results.get("overall") or {}).get("by_region") or {}).items():  # a thinking model's output
+        rows.append((f"  in {name}", s))
     temperatures = results.get("at_temperature") or {}
     if not rows and len(temperatures) > 1:  # served at several temperatures: one row each
         rows = [(f"{results.get('mode', 'served')} T={t}", s) for t, s in temperatures.items()]
