@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from eagle3_train.assets.verifier import Verifier  # noqa: E402
 from eagle3_train.model.aux_layers import default_layer_ids  # noqa: E402
 from eagle3_train.model.verifier_head import LogitTransform  # noqa: E402
 from eagle3_train.train.build import build_model  # noqa: E402
@@ -98,8 +99,8 @@ def random_inputs(shape: dict[str, Any], draft_vocab: int, device: torch.device,
     layers = tuple(default_layer_ids(shape["num_hidden_layers"], "synthetic verifier"))
     return RunInputs(prepared_dir=Path("."), prepared_manifest={}, prepared_manifest_sha256="", hidden_dir=Path("."),
                      hidden_manifest={}, hidden_manifest_sha256="", vocab_path=Path("."), vocab_sha256="", d2t=d2t,
-                     t2d=t2d, verifier_name="synthetic", verifier_dir=Path("."), verifier_identity={},
-                     verifier_config=dict(shape), embed=embed, lm_head=lm_head, layer_ids=layers,
+                     t2d=t2d, verifier=Verifier("synthetic", Path("."), dict(shape)), verifier_identity={},
+                     embed=embed, lm_head=lm_head, layer_ids=layers,
                      logit_transform=LogitTransform())
 
 

@@ -14,6 +14,7 @@ import torch
 from numerics import fixed_threads
 from safetensors.torch import save_file
 
+from eagle3_train.assets.verifier import Verifier
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.config import TrainConfig
@@ -84,8 +85,9 @@ def make_inputs(tmp: Path, embed: torch.Tensor, lm_head: torch.Tensor, vocab: tu
                 layer_ids: tuple[int, ...] = LAYER_IDS, verifier_config: dict | None = None) -> RunInputs:
     """RunInputs as resolve_inputs would return them for a SmolLM2-shaped verifier (no data files needed)."""
     return RunInputs(tmp / "prepared", {}, "0" * 64, tmp / "hidden", {"layer_ids": list(layer_ids)}, "0" * 64,
-                     tmp / "vocab.safetensors", "0" * 64, vocab[0], vocab[1], "smollm2-test", tmp / "verifier",
-                     {"name": "smollm2-test"}, dict(verifier_config or SMOL), embed, lm_head, tuple(layer_ids))
+                     tmp / "vocab.safetensors", "0" * 64, vocab[0], vocab[1],
+                     Verifier("smollm2-test", tmp / "verifier", dict(verifier_config or SMOL)),
+                     {"name": "smollm2-test"}, embed, lm_head, tuple(layer_ids))
 
 
 def train_config(source: str | Path, **kw) -> TrainConfig:

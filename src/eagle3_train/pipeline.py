@@ -487,7 +487,7 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
     processes = train_processes(ctx.cfg.get("train_processes", "auto"))
 
     def run() -> dict[str, Any]:
-        return train(cfg) if processes == 1 else train_under_torchrun(cfg, processes,
+        return train(cfg, ctx.verifier) if processes == 1 else train_under_torchrun(cfg, processes,
                                                                       ctx.run_dir / "train-launch.yaml")
     if _states_mode(ctx) == "offline" or cfg.endpoint:
         r = run()

@@ -21,13 +21,13 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
     `device="meta"` (dry run) builds the structure without memory."""
     d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
     draft_cfg = DraftConfig.from_verifier(
-        inputs.verifier_config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
+        inputs.verifier.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
         intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
         norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output, architecture=cfg.architecture)
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
-    draft_cfg.verifier["name_or_path"] = inputs.verifier_name
+    draft_cfg.verifier["name_or_path"] = inputs.verifier.name
     torch.manual_seed(cfg.seed)
     with torch.device(device):
         model = Eagle3Draft(draft_cfg)

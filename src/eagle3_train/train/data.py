@@ -130,7 +130,7 @@ def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) ->
     from eagle3_train.hidden_states.online import HybridSource, OnlineSource
 
     dtype = getattr(torch, cfg.hidden_states_dtype)
-    online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier_dir, layer_ids=inputs.layer_ids, dtype=dtype,
+    online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier.path, layer_ids=inputs.layer_ids, dtype=dtype,
                   model=cfg.served_model, concurrency=cfg.online_concurrency, rank=rank, world_size=world_size,
                   hidden_states_dir=cfg.hidden_states_dir)
     if mode == "online":
@@ -142,9 +142,9 @@ def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) ->
     ds = load_from_disk(str(Path(cfg.prepared) / "dataset"))
     if split not in ds:
         raise Eagle3InputError(f"prepared dataset {cfg.prepared}/dataset has no '{split}' split (has {list(ds)})")
-    text = inputs.verifier_config.get("text_config", inputs.verifier_config)
+    text = inputs.verifier.config.get("text_config", inputs.verifier.config)
     hidden = int(text["hidden_size"])
-    manifest = {"verifier": inputs.verifier_identity, "verifier_name": inputs.verifier_name,
+    manifest = {"verifier": inputs.verifier_identity, "verifier_name": inputs.verifier.name,
                 "layer_ids": list(inputs.layer_ids), "dtype": cfg.hidden_states_dtype, "hidden_size": hidden,
                 "num_layers": int(text["num_hidden_layers"]),
                 "prepared_manifest_sha256": inputs.prepared_manifest_sha256,

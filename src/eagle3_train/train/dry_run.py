@@ -99,7 +99,7 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
 
     n = max(1, int(train_data["samples"]))
     p = plan(PlanSettings(
-        verifier=str(inputs.verifier_dir), samples=n, tokens_per_sample=max(1, int(train_data["tokens"]) // n),
+        verifier=str(inputs.verifier.path), samples=n, tokens_per_sample=max(1, int(train_data["tokens"]) // n),
         draft_vocab=mc.draft_vocab_size, ttt_steps=cfg.ttt_steps, token_budget=cfg.token_budget,
         grad_accum=cfg.grad_accum, epochs=cfg.epochs, gpus=world_size, precision=precision,
         device="cuda" if precision == "bf16" else "cpu", num_layers=mc.num_layers,
@@ -295,7 +295,7 @@ def _shard_widths(data: TrainingSamples, split: str, cfg: TrainConfig, inputs, H
     for aux_w, final_w, _ in widths:
         if aux_w != (3 * H,) or final_w != (H,):
             raise Eagle3InputError(f"hidden states in {cfg.hidden_states}/{split}: shards hold aux {list(aux_w)} "
-                                   f"and final {list(final_w)} per token, but verifier {inputs.verifier_name} "
+                                   f"and final {list(final_w)} per token, but verifier {inputs.verifier.name} "
                                    f"needs {[3 * H]} and {[H]}")
     return widths
 
@@ -336,7 +336,7 @@ def _header_only_exports(model, d2t, t2d, root: Path, inputs, num_layers: int, c
     exports: dict[str, Any] = {}
     formats = ("eagle", "speculators") if architecture_of(model.config).speculators_format else ("eagle",)
     for fmt in formats:
-        d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier_name)
+        d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier.name)
         checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, num_layers)
         exports[fmt] = {"dir": str(d), "engines": engine_support(model.config, fmt)}
     return exports
@@ -352,10 +352,10 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     not_checked: list[str] = []
     precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")
     inputs = resolve_inputs(cfg, head_shapes_only=True)
-    _, _, vcfg, head_origin = verifier_head_shapes(inputs.verifier_dir)
+    _, _, vcfg, head_origin = verifier_head_shapes(inputs.verifier.path)
     c = vcfg.get("text_config", vcfg)
     H, V, L = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
-    checked.append(f"verifier {inputs.verifier_name}: config ({vcfg.get('architectures')}, {L} layers, hidden {H}, "
+    checked.append(f"verifier {inputs.verifier.name}: config ({vcfg.get('architectures')}, {L} layers, hidden {H}, "
                    f"vocab {V}), identity against the hidden-states manifest (config hash, weight-file sizes), "
                    f"embedding/lm_head shapes from {head_origin}")
     not_checked.append("verifier weight values and hashes (sizes only)" if "headers" in head_origin else

@@ -116,7 +116,7 @@ def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, 
              _layers(run), record["run_from"])
     problem = None
     if max(src) > L:
-        problem = (f"{where}: the draft reads verifier layers {src} ({origin}), but verifier {inputs.verifier_name} "
+        problem = (f"{where}: the draft reads verifier layers {src} ({origin}), but verifier {inputs.verifier.name} "
                    f"has only {L} layers: it was made for a deeper verifier")
     elif src != run:
         ids = ",".join(map(str, src))
@@ -130,7 +130,7 @@ def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, 
         _warn(notes, problem + "; finetuning on the run's layers anyway (allow_aux_layer_mismatch, recorded)")
     recorded = loaded.config.verifier_num_layers
     if loaded.aux_ids_origin == AUX_OURS and recorded and recorded != L:
-        _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier_name} has {L}")
+        _warn(notes, f"the source was trained for a verifier with {recorded} layers; {inputs.verifier.name} has {L}")
     return record
 
 
@@ -175,12 +175,12 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
     loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
     summary = source_summary(loaded)
-    H, V, L = verifier_dims(inputs.verifier_config)
+    H, V, L = verifier_dims(inputs.verifier.config)
     fill_default_aux_ids(loaded.config, L)
     # Hidden size and vocabulary: a draft made for another verifier stops here, with the tensor that shows it (its
     # layers are checked against the run's below, where --allow-aux-layer-mismatch may accept them).
-    check_draft_fits_verifier(loaded.config, inputs.verifier_config, f"finetune source {loaded.path}",
-                              inputs.verifier_name, {**loaded.tensors, **loaded.extra}, loaded.source_name,
+    check_draft_fits_verifier(loaded.config, inputs.verifier.config, f"finetune source {loaded.path}",
+                              inputs.verifier.name, {**loaded.tensors, **loaded.extra}, loaded.source_name,
                               draft_hidden=H, check_layers=False)
     notes: list[str] = []
     for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
@@ -336,7 +336,7 @@ def _note_embedding(embed: torch.Tensor, inputs, notes: list[str], copy: bool) -
     if diff is None:
         notes.append("the source's embed_tokens was not compared with the verifier's (dry run: no data read)")
     elif diff > 0:
-        _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier_name}'s (beyond storage "
+        _warn(notes, f"the source's embed_tokens differs from verifier {inputs.verifier.name}'s (beyond storage "
                      f"rounding by {diff:.3g}): it was trained with another embedding; the verifier's is used")
     else:
         notes.append("the source's embed_tokens equals the verifier's (not loaded; the verifier's is used)")

@@ -35,10 +35,8 @@ class RunInputs:
     vocab_sha256: str
     d2t: torch.Tensor | None
     t2d: torch.Tensor | None
-    verifier_name: str
-    verifier_dir: Path
-    verifier_identity: dict[str, Any]
-    verifier_config: dict[str, Any]
+    verifier: Verifier  # resolved once: its name as the user gave it, its local directory, its config
+    verifier_identity: dict[str, Any]  # what the run records (the hidden states' record, or the verifier's identity)
     embed: torch.Tensor
     lm_head: torch.Tensor
     layer_ids: tuple[int, ...]
@@ -73,8 +71,9 @@ def _run_vocab(cfg, vocab_size: int) -> tuple[Path | None, str, torch.Tensor | N
     return vpath, sha256_file(vpath), d2t, t2d
 
 
-def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
-    """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read."""
+def resolve_inputs(cfg, head_shapes_only: bool = False, verifier: Verifier | None = None) -> RunInputs:
+    """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read.
+    `verifier`: already resolved by the caller (else from `cfg.verifier` or the inputs' records)."""
     needed = ("prepared", "hidden_states") if cfg.hidden_states_mode == "offline" else ("prepared",)
     if not _keeps_source_vocab(cfg):  # finetune_vocab keep uses the source's: --vocab is then optional
         needed = (*needed, "vocab")
@@ -88,27 +87,26 @@ def resolve_inputs(cfg, head_shapes_only: bool = False) -> RunInputs:
 
     mode = getattr(cfg, "hidden_states_mode", "offline")
     if mode != "offline":
-        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, head_shapes_only)
+        return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, head_shapes_only, verifier)
     hidden = Path(cfg.hidden_states)
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
 
     recorded_verifier = hidden_manifest.get("verifier", {})
     # The name stays what the user gave (a hub id, not this machine's cache): the draft and its exports record it.
-    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(recorded_verifier, str(hm_path))
-    verifier_name, verifier_dir = verifier.name, verifier.path
+    verifier = verifier or (as_verifier(cfg.verifier) if cfg.verifier
+                            else Verifier.from_record(recorded_verifier, str(hm_path)))
     # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
     check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
                         require_complete=False, where=f"the hidden states in {hidden}")
-    embed, lm_head, vcfg = _verifier_head(verifier_dir, head_shapes_only)
+    embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
     vpath, vsha, d2t, t2d = _run_vocab(cfg, vcfg.get("text_config", vcfg)["vocab_size"])
     fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
     layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
                                   f"Extract again: `eagle3-train extract --layer-ids {fixed} --overwrite ...`")
     return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, hidden_manifest, sha256_file(hm_path),
-                     vpath, vsha, d2t, t2d, str(verifier_name), verifier_dir,
-                     {**recorded_verifier, "name": str(verifier_name)}, vcfg, embed, lm_head, layer_ids,
-                     logit_transform(verifier_dir, read_bias=not head_shapes_only))
+                     vpath, vsha, d2t, t2d, verifier, {**recorded_verifier, "name": verifier.name}, embed, lm_head,
+                     layer_ids, logit_transform(verifier.path, read_bias=not head_shapes_only))
 
 
 def _verifier_head(verifier_dir: Path, head_shapes_only: bool):
@@ -119,7 +117,7 @@ def _verifier_head(verifier_dir: Path, head_shapes_only: bool):
 
 
 def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str,
-                   head_shapes_only: bool = False) -> RunInputs:
+                   head_shapes_only: bool = False, verifier: Verifier | None = None) -> RunInputs:
     """Online/hybrid: the states come from servers, so the verifier and layers come from the settings and the
     prepared data (the servers' identity is checked and recorded when the source opens)."""
     from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
@@ -127,13 +125,12 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     if not cfg.endpoint:
         raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
                                f"started with `eagle3-train serve --extract-hidden-states`)")
-    verifier = as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
-        prepared_manifest.get("verifier"), f"the prepared data {prepared}")
-    verifier_name, verifier_dir, identity = verifier.name, verifier.path, verifier.identity()
-    embed, lm_head, vcfg = _verifier_head(verifier_dir, head_shapes_only)
+    verifier = verifier or (as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
+        prepared_manifest.get("verifier"), f"the prepared data {prepared}"))
+    embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
-                               f"verifier {verifier_name}")
+                                   f"verifier {verifier.name}")
     vpath, vsha, d2t, t2d = _run_vocab(cfg, text["vocab_size"])
     hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
         else Path("")
@@ -141,4 +138,4 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     # No manifest hash: online states are not stored, hybrid ones are still being written (resume checks the
     # prepared data, vocab and settings).
     return RunInputs(prepared, prepared_manifest, prepared_sha, hidden, manifest, "", vpath, vsha,
-                     d2t, t2d, str(verifier_name), verifier_dir, identity, vcfg, embed, lm_head, tuple(layer_ids))
+                     d2t, t2d, verifier, verifier.identity(), embed, lm_head, tuple(layer_ids))

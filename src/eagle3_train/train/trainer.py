@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.verifier import Verifier
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.train.batching import plan_batches
@@ -53,8 +54,8 @@ log = logging.getLogger(__name__)
 class Trainer:
     """One run: set up in named steps (device, model, data, optimizer), then `run()` the loop."""
 
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: TrainConfig, verifier: Verifier | None = None):
+        self.cfg, self.verifier = cfg, verifier
         self.out = Path(cfg.out)
         check_loss(cfg.loss)
         self._setup_device()
@@ -72,7 +73,7 @@ class Trainer:
         """The run's inputs, the draft (built, or a finetune source read, checked, then loaded into a draft of its own
         architecture), the frozen tensors in their dtype, everything on the device and the same on every rank."""
         cfg = self.cfg
-        self.inputs = resolve_inputs(cfg)
+        self.inputs = resolve_inputs(cfg, verifier=self.verifier)
         self.model, self.init_record = (finetune_model(cfg, self.inputs) if cfg.finetune_from
                                         else (build_model(cfg, self.inputs), init_record(cfg)))
         frozen = verifier_tensor_dtype(self.precision)
@@ -442,5 +443,7 @@ class Trainer:
                      val[self._best_key()], val[f"accept_len_alpha_k{k}"], k)
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    return Trainer(cfg).run()
+def train(cfg: TrainConfig, verifier: Verifier | None = None) -> dict[str, Any]:
+    """Train (or finetune) a draft; `verifier`: the one the caller resolved (default: `cfg.verifier`, else the one
+    the hidden states or prepared data record)."""
+    return Trainer(cfg, verifier).run()
