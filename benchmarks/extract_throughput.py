@@ -56,7 +56,8 @@ def batches(prepared: Path, token_budget: int):
     """The batches extract forms at this data size (one shard per split: its default shards hold ~58K tokens)."""
     import datasets
 
-    from eagle3_train.hidden_states.extract import plan_batches, plan_shards
+    from eagle3_train.hidden_states.hf_backend import plan_batches
+    from eagle3_train.hidden_states.store import plan_shards
 
     ds = datasets.load_from_disk(str(prepared / "dataset"))
     out = []
@@ -86,7 +87,8 @@ def run_variant(args) -> dict:
     import torch
 
     from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.hidden_states.extract import extract, resolve_device
+    from eagle3_train.hidden_states.extract import extract
+    from eagle3_train.hidden_states.hf_backend import resolve_device
     from eagle3_train.model.aux_layers import default_layer_ids
 
     device = resolve_device(args.device)

@@ -16,7 +16,7 @@ from draft_layouts import random_token_ids, vocab_from_ids, write_sparse_safeten
 from safetensors.torch import save_file
 
 from eagle3_train.assets.verifier import verifier_identity
-from eagle3_train.hidden_states.extract import FORMAT, FORMAT_VERSION, ShardPlan, _index, _write_shard
+from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, ShardPlan, split_index, write_shard
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.io import sha256_file, write_json
 
@@ -159,8 +159,8 @@ def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int 
         n = plan.num_tokens
         aux = torch.randn(n, 3 * hidden, generator=g).to(torch.bfloat16)
         final = torch.randn(n, hidden, generator=g).to(torch.bfloat16)
-        entry = _write_shard(hidden_dir / split / "shard-00000.safetensors", aux, final, plan, {"format": FORMAT})
-        write_json(hidden_dir / split / "index.json", _index(split, [plan], {0: entry}))
+        entry = write_shard(hidden_dir / split / "shard-00000.safetensors", aux, final, plan, {"format": FORMAT})
+        write_json(hidden_dir / split / "index.json", split_index(split, [plan], {0: entry}))
         manifest["splits"][split] = {"num_samples": len(r), "num_tokens": n, "num_shards": 1,
                                      "bytes": entry["bytes"], "complete": True}
         total += entry["bytes"]

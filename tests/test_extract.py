@@ -15,8 +15,9 @@ from safetensors import safe_open
 from stage_helpers import another_writer, assert_same_hidden_states, kill_after_first_shard
 
 from eagle3_train import cli
-from eagle3_train.hidden_states.extract import extract, plan_batches, plan_shards
-from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states
+from eagle3_train.hidden_states.extract import extract
+from eagle3_train.hidden_states.hf_backend import plan_batches
+from eagle3_train.hidden_states.store import HiddenStatesReader, check_hidden_states, plan_shards
 from eagle3_train.model.aux_layers import default_layer_ids, parse_layer_ids, validate_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, sha256_file
 
@@ -320,7 +321,7 @@ def test_refuses_when_disk_cannot_hold_the_estimate(tmp_path, tiny_llama, mixed_
 
 
 def test_default_disk_margin_is_a_tenth_of_the_estimate_capped_at_one_gib(monkeypatch):
-    from eagle3_train.hidden_states.extract import _disk_margin
+    from eagle3_train.hidden_states.resume import _disk_margin
 
     monkeypatch.delenv("EAGLE3_TRAIN_DISK_MARGIN_BYTES", raising=False)
     # a 30 MB test extraction must not need 1 GiB free; a 100 GiB one keeps 1 GiB for its checkpoints
@@ -465,7 +466,7 @@ def test_extract_and_offline_evaluation_tap_the_same_states(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from eagle3_train.evaluate.offline import TappedVerifier
-    from eagle3_train.hidden_states.extract import run_batch
+    from eagle3_train.hidden_states.hf_backend import run_batch
     from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
 
     model_dir = make_tiny_llama(tmp_path / "verifier")

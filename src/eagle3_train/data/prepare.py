@@ -22,6 +22,7 @@ import sys
 import time
 import typing
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,11 +340,19 @@ def _to_dataset_dict(by_split: dict[str, list[dict[str, Any]]]):
     })
 
 
-def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
-    """(DatasetDict, manifest) of a prepared directory, with clear errors when it is not one."""
+def load_prepared(prepared_dir: str | Path, splits: Sequence[str] = (TRAIN, VALIDATION),
+                  columns: Sequence[str] = COLUMNS) -> tuple[Any, dict[str, Any]]:
+    """(DatasetDict, manifest) of a prepared directory, with clear errors when it is not one or lacks one of `splits`
+    or one of `columns` in them (the one reader of prepared data: extract asks for fewer columns and its splits)."""
     import datasets
 
     prepared_dir = Path(prepared_dir)
+    if not prepared_dir.is_dir():
+        raise Eagle3InputError(f"prepared directory not found: {prepared_dir} (prepared-data manifest not found): run "
+                               f"`eagle3-train prepare` first")
+    if not (prepared_dir / "manifest.json").is_file():
+        raise Eagle3InputError(f"{prepared_dir} has no manifest.json (prepared-data manifest not found): not the "
+                               f"output of `eagle3-train prepare`")
     manifest = read_json(prepared_dir / "manifest.json", "prepared-data manifest")
     if manifest.get("stage") != "prepare":
         raise Eagle3InputError(f"{prepared_dir / 'manifest.json'} is not a `prepare` manifest "
@@ -353,18 +362,24 @@ def load_prepared(prepared_dir: str | Path) -> tuple[Any, dict[str, Any]]:
         raise Eagle3InputError(f"{ds_dir} not found (expected the prepared DatasetDict)")
     try:
         dd = datasets.load_from_disk(str(ds_dir))
-        for split in dd:  # a cut-off arrow file fails here, on reading its table, not at first use
-            dd[split].data.validate(full=False)
-            len(dd[split].data.column("length"))
+        for table in [dd[s].data for s in dd] if isinstance(dd, datasets.DatasetDict) else []:
+            # a cut-off arrow file fails here, on reading its table, not at first use
+            table.validate(full=False)
+            if "length" in table.column_names:
+                len(table.column("length"))
     except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise many types for a damaged file
         raise Eagle3InputError(f"cannot read the prepared data in {ds_dir} ({type(e).__name__}: "
                                f"{str(e).strip()[:200]}); it is damaged: run `eagle3-train prepare` again") from None
-    for split in (TRAIN, VALIDATION):
+    if not isinstance(dd, datasets.DatasetDict):
+        raise Eagle3InputError(f"{ds_dir} holds a single Dataset; expected a DatasetDict with splits "
+                               f"{', '.join(splits)}")
+    for split in splits:
         if split not in dd:
-            raise Eagle3InputError(f"{ds_dir} has no '{split}' split")
-        missing = [c for c in COLUMNS if c not in dd[split].column_names]
+            raise Eagle3InputError(f"split '{split}' not found in {ds_dir} (it has: {', '.join(dd)})")
+        missing = [c for c in columns if c not in dd[split].column_names]
         if missing:
-            raise Eagle3InputError(f"{ds_dir}/{split} lacks columns {missing}")
+            raise Eagle3InputError(f"split '{split}' of {ds_dir} lacks column(s) {', '.join(missing)} "
+                                   f"(has {', '.join(dd[split].column_names)})")
     return dd, manifest
 
 

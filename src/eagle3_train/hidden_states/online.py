@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
+from eagle3_train.hidden_states.resume import written_by_extract
 from eagle3_train.hidden_states.source import Features
+from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, HiddenStatesReader, ShardPlan, write_shard
 from eagle3_train.hidden_states.vllm_backend import ServerUnavailable, VLLMHiddenStates
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.outputs import claim_output_dir
@@ -95,8 +97,6 @@ class HybridSource(OnlineSource):
 
     def __init__(self, split: str, store_dir: str | Path, manifest: dict[str, Any], num_samples: int,
                  **online: Any) -> None:
-        from eagle3_train.hidden_states.extract import FORMAT, FORMAT_VERSION
-
         super().__init__(split, **online)
         self.dir = Path(store_dir)
         self.split_dir = self.dir / split
@@ -121,8 +121,6 @@ class HybridSource(OnlineSource):
     def _ready(self) -> None:
         if self.reader is not None:
             return
-        from eagle3_train.hidden_states.extract import written_by_extract
-
         claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", written_by_extract)
         self.split_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
@@ -158,14 +156,10 @@ class HybridSource(OnlineSource):
                 f.unlink(missing_ok=True)
 
     def _open_reader(self) -> None:
-        from eagle3_train.hidden_states.store import HiddenStatesReader
-
         self.reader = HiddenStatesReader(self.dir, self.split)
 
     def _write_index(self, entries: list[dict]) -> None:
         """Write this split's index and its entry in the manifest (the caller holds the lock)."""
-        from eagle3_train.hidden_states.extract import FORMAT, FORMAT_VERSION
-
         stored = sum(e["num_samples"] for e in entries)
         index = {"format": FORMAT, "format_version": FORMAT_VERSION, "split": self.split,
                  "num_samples": self.num_samples, "num_tokens": sum(e["num_tokens"] for e in entries),
@@ -187,15 +181,13 @@ class HybridSource(OnlineSource):
 
     def _store(self, keep: list[tuple[int, Features]]) -> None:
         """Write the fetched samples as this rank's next shard, then add it to the index."""
-        from eagle3_train.hidden_states.extract import ShardPlan, _write_shard
-
         number, self.next_number = self.next_number, self.next_number + self.world_size
         plan = ShardPlan(number, tuple(i for i, _ in keep), tuple(f["aux"].shape[0] for _, f in keep))
         meta = {"format": self.new_manifest["format"], "split": self.split, "shard": str(number),
                 "layer_ids": ",".join(map(str, self.new_manifest["layer_ids"])), "dtype": self.new_manifest["dtype"]}
-        entry = _write_shard(self.split_dir / f"shard-{number:05d}.safetensors",
-                             torch.cat([f["aux"] for _, f in keep]), torch.cat([f["final"] for _, f in keep]), plan,
-                             meta)
+        entry = write_shard(self.split_dir / f"shard-{number:05d}.safetensors",
+                            torch.cat([f["aux"] for _, f in keep]), torch.cat([f["final"] for _, f in keep]), plan,
+                            meta)
         with self._locked():
             self._write_index([*self._entries(), entry])
 

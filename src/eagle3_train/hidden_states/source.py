@@ -1,4 +1,6 @@
-"""Where training and evaluation get hidden states: one small protocol, so the trainer never knows the source.
+"""The two interfaces of hidden states: where training gets them (`HiddenStateSource`, the consumer side) and what
+computes them from the verifier (`HiddenStateProducer`, the producer side). The trainer never knows the source, and
+extract runs every backend through the same calls.
 
 A source serves one split's features sample by sample: for a row of the prepared split (its index and token ids) the
 aux states [T, 3H] and the final state [T, H] (after the verifier's final norm, as our format defines), or None when
@@ -6,11 +8,15 @@ the sample could not be had (the source counts and reports it; the caller skips 
 a serving engine computes the states from them; the shard store only checks their count.
 
 Implementations: `StoredSource` (shards written by `extract`); the vLLM-backed ones in `hidden_states/online.py`.
+
+A producer computes the aux and final states of a batch of token sequences, concatenated (`run_batch`); extract
+writes what it returns as shards. Implementations: `hf_backend.HFHiddenStates` (the verifier run here with
+transformers, with the full-vocab `stats` function), `vllm_backend.VLLMHiddenStates` (hidden-state servers, no stats).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
@@ -41,6 +47,22 @@ class HiddenStateSource(Protocol):
 
     def identity(self) -> dict[str, Any]:
         """What produced the features, for the training metadata."""
+
+    def close(self) -> None: ...
+
+
+class HiddenStateProducer(Protocol):
+    # final [n, H] -> (full-vocab argmax [n], logsumexp [n]), set by `open`; None: no lm_head here (training
+    # computes the stats)
+    stats: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+    load_s: float  # wall and CPU seconds `open` spent loading the verifier here (left out of the throughput)
+    load_cpu_s: float
+
+    def open(self) -> dict[str, Any]:
+        """Load the verifier or connect to its servers; returns the record extract keeps in its manifest."""
+
+    def run_batch(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [n, 3H], final [n, H]) in the store dtype for the concatenated tokens of `seqs`, in order."""
 
     def close(self) -> None: ...
 

@@ -1,13 +1,20 @@
-"""Read stored hidden states (the output of the extract stage) and check they belong to a dataset and verifier.
+"""The on-disk format of stored hidden states (the output of the extract stage): writing shards, reading them back,
+and checking they belong to a dataset and verifier.
 
-Python API: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
+Format (docs/ARCHITECTURE.md): `DIR/{split}/shard-NNNNN.safetensors` with `aux` [N, 3H], `final` [N, H],
+`sample_index` [n], `offsets` [n+1] and, optionally, `verifier_argmax` [N] int32 and `verifier_lse` [N] float32;
+`DIR/{split}/index.json` (`split_index`: one entry per shard, as `write_shard` returns it); `DIR/manifest.json`
+(written by `extract.py`, or by hybrid training in `online.py`). Writing: `plan_shards(lengths, shard_tokens)` (the
+deterministic cut a resume relies on), `write_shard(path, aux, final, plan, metadata, stats)`, `split_index`,
+`shard_entry_ok`, `store_dtypes(name)`.
+
+Reading: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
 `.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}` plus, when every shard of the split has them,
 `"verifier_argmax": Tensor[L] int64, "verifier_lse": Tensor[L] float32` (`.has_verifier_stats`: the verifier's
 full-vocabulary argmax and logsumexp per token, stored by the HF extract backend; a split some of whose shards lack
 them, e.g. an older store resumed by a newer extract, is read without them); `check_hidden_states(hidden, prepared_dir,
-verifier)`
-(the one check of the hidden-states contract: made from this prepared data by this verifier, at these layers);
-`reextract_command(manifest, hidden_dir, split)`. fp8 shards (extract --store-dtype float8_e4m3) are decoded to
+verifier)` (the one check of the hidden-states contract: made from this prepared data by this verifier, at these
+layers); `reextract_command(manifest, hidden_dir, split)`. fp8 shards (extract --store-dtype float8_e4m3) are decoded to
 bfloat16 on load (`_rows`).
 
 A damaged shard stops with an Eagle3InputError naming it and the command that re-extracts it: sizes are checked
@@ -19,16 +26,112 @@ from __future__ import annotations
 
 import os
 import shlex
+import typing
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagle3_train.assets.verifier import Verifier, resolve_verifier, same_verifier, verifier_identity
-from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
+from eagle3_train.settings import StoreDtype
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, save_safetensors, sha256_file
 
-EXPECTED_FORMAT = "eagle3-train-hidden-states"
+FORMAT = "eagle3-train-hidden-states"
+FORMAT_VERSION = 1
+STORE_DTYPES = typing.get_args(StoreDtype)
 STATS = ("verifier_argmax", "verifier_lse")  # shard tensors of the verifier's full-vocab stats (extract, HF backend)
+STATS_BYTES = 8  # per token: verifier_argmax int32 + verifier_lse float32
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    number: int
+    rows: tuple[int, ...]  # row indices in the prepared split, in storage order
+    lengths: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[ShardPlan]:
+    """Sort rows by length (ties by row) and cut a shard once it holds >= shard_tokens tokens.
+
+    Deterministic in the data and shard_tokens only, so a rerun finds the same shards to skip. Shortest first:
+    similar lengths share batches (little padding).
+    """
+    order = sorted(range(len(lengths)), key=lambda r: (lengths[r], r))
+    shards: list[ShardPlan] = []
+    rows: list[int] = []
+    tokens = 0
+    for r in order:
+        rows.append(r)
+        tokens += lengths[r]
+        if tokens >= shard_tokens:
+            shards.append(ShardPlan(len(shards), tuple(rows), tuple(lengths[i] for i in rows)))
+            rows, tokens = [], 0
+    if rows:
+        shards.append(ShardPlan(len(shards), tuple(rows), tuple(lengths[i] for i in rows)))
+    return shards
+
+
+def store_dtypes(name: str):
+    """(dtype the states are collected in, bytes per element on disk) for a store dtype; fp8 shards are
+    collected in bfloat16 and quantized per row when written (`fp8.encode_rows`)."""
+    import torch
+
+    from eagle3_train.hidden_states import fp8
+
+    if name not in STORE_DTYPES:
+        raise Eagle3InputError(f"store dtype must be one of {', '.join(STORE_DTYPES)}, got {name!r}")
+    if name == fp8.STORE_NAME:
+        return torch.bfloat16, 1
+    dtype = getattr(torch, name)
+    return dtype, torch.empty((), dtype=dtype).element_size()
+
+
+def write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str], stats=None) -> dict:
+    """Write one shard atomically and return its index.json entry. `metadata["dtype"]` float8_e4m3 quantizes `aux`
+    and `final` per row; `stats`: (verifier_argmax [N], verifier_lse [N]) or None, stored as int32 / float32."""
+    import torch
+
+    from eagle3_train.hidden_states import fp8
+
+    offsets = [0]
+    for n in plan.lengths:
+        offsets.append(offsets[-1] + n)
+    tensors = {"aux": aux, "final": final, "sample_index": torch.tensor(plan.rows, dtype=torch.int64),
+               "offsets": torch.tensor(offsets, dtype=torch.int64)}
+    if metadata.get("dtype") == fp8.STORE_NAME:  # one scale per token row and layer
+        for name, groups in (("aux", aux.shape[1] // final.shape[1]), ("final", 1)):
+            tensors[name], tensors[name + fp8.SCALE_SUFFIX] = fp8.encode_rows(tensors[name], groups)
+    if stats is not None:
+        tensors["verifier_argmax"] = stats[0].to(torch.int32)
+        tensors["verifier_lse"] = stats[1].to(torch.float32)
+    with atomic_path(path) as tmp:
+        save_safetensors(tensors, tmp, metadata=metadata)
+        digest, size = sha256_file(tmp), tmp.stat().st_size
+    return {"shard": plan.number, "file": path.name, "num_samples": len(plan.rows), "num_tokens": plan.num_tokens,
+            "sample_indices": list(plan.rows), "offsets": offsets, "bytes": size, "sha256": digest,
+            "verifier_stats": stats is not None}
+
+
+def split_index(split: str, plans: list[ShardPlan], done: dict[int, dict]) -> dict:
+    """A split's index.json: the entries of the shards written so far (`done`, by shard number) of those planned."""
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "split": split,
+        "num_samples": sum(len(p.rows) for p in plans), "num_tokens": sum(p.num_tokens for p in plans),
+        "num_shards": len(plans), "complete": len(done) == len(plans),
+        "shards": [done[n] for n in sorted(done)],
+    }
+
+
+def shard_entry_ok(entry: dict, plan: ShardPlan, split_dir: Path) -> bool:
+    """An index entry still describes `plan` and its file has the recorded size (a resume keeps that shard)."""
+    f = split_dir / str(entry.get("file", ""))
+    return (entry.get("sample_indices") == list(plan.rows) and f.is_file()
+            and f.stat().st_size == entry.get("bytes"))
 
 
 def read_manifest(hidden_dir: str | Path) -> dict:
@@ -36,9 +139,9 @@ def read_manifest(hidden_dir: str | Path) -> dict:
     if not hidden_dir.is_dir():
         raise Eagle3InputError(f"hidden-states directory not found: {hidden_dir} (run `eagle3-train extract` first)")
     manifest = read_json(hidden_dir / "manifest.json", "hidden-states manifest")
-    if manifest.get("format") != EXPECTED_FORMAT:
+    if manifest.get("format") != FORMAT:
         raise Eagle3InputError(f"{hidden_dir / 'manifest.json'} is not an extract manifest "
-                               f"(format {manifest.get('format')!r}, expected {EXPECTED_FORMAT!r})")
+                               f"(format {manifest.get('format')!r}, expected {FORMAT!r})")
     return manifest
 
 

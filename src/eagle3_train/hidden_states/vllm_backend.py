@@ -17,7 +17,8 @@ the config, tokenizer, weight index and the ONE weight file holding that tensor 
 ~1 TB of a Kimi-K2), and `load_final_norm` reads that tensor alone.
 
 Python API: `VLLMHiddenStates(endpoints, verifier_dir, layer_ids, store_dtype, ...)`: `.open() -> dict` (identity
-for the manifest), `.run_batch(seqs) -> (aux [n, 3H], final [n, H])`, `.close()`.
+for the manifest), `.run_batch(seqs) -> (aux [n, 3H], final [n, H])`, `.close()` (the producer interface,
+`source.HiddenStateProducer`, as `hf_backend.HFHiddenStates`), and `.run_each(seqs)` for online training.
 """
 
 from __future__ import annotations
@@ -142,7 +143,11 @@ class ServerUnavailable(Eagle3InputError):
 
 
 class VLLMHiddenStates:
-    """Aux and final hidden states of token sequences, computed by vLLM hidden-state servers."""
+    """Aux and final hidden states of token sequences, computed by vLLM hidden-state servers (a
+    `source.HiddenStateProducer`)."""
+
+    stats = None  # no lm_head here: the verifier's full-vocab stats are left to training
+    load_s = load_cpu_s = 0.0  # the servers load the verifier, not this process
 
     def __init__(self, endpoints: Sequence[str], verifier_dir: str | Path, layer_ids: Sequence[int],
                  store_dtype: torch.dtype, *, model: str | None = None, concurrency: int = CONCURRENCY,
