@@ -152,7 +152,7 @@ def test_draft_for_a_7168_wide_verifier_is_refused_naming_the_tensor(inputs, tmp
     with pytest.raises(Eagle3InputError) as e:
         finetune_model(train_config(source), inputs)
     msg = str(e.value)
-    assert "'fc.weight'" in msg and "[7168, 21504]" in msg and "[576, 1728]" in msg
+    assert "'fc.weight'" in msg and "[7168, 21504]" in msg and "[7168, 1728]" in msg  # fc must read 3 x 576
     assert "hidden size 7168" in msg and "smollm2-test" in msg
 
 

@@ -328,7 +328,8 @@ def test_train_core_stays_small_and_experimental_settings_are_listed_apart():
 
     experimental = [f.name for f in dataclasses.fields(TrainConfig) if is_experimental(f)]
     assert len(core_fields(TrainConfig)) <= 58, len(core_fields(TrainConfig))
-    assert set(experimental) == {"loss", "loss_mix", "optimizer", "muon_lr", "muon_momentum", "muon_weight_decay"}
+    assert set(experimental) == {"loss", "loss_mix", "optimizer", "muon_lr", "muon_momentum", "muon_weight_decay",
+                                 "hidden_size"}
     committed = (REPO / "docs" / "CONFIG.md").read_text()
     section = committed.split("## `train`", 1)[1].split("\n## ", 1)[0]
     core, corner = section.split("### `train`: experimental", 1)

@@ -56,7 +56,8 @@ def check_draft_fits_verifier(draft: DraftConfig, verifier_config: Mapping[str, 
             f"verifier it was made for), but verifier {name} has vocab_size {V} ({V} tokens): the source was made "
             f"for a verifier with another tokenizer. {_OTHER}")
     embed = tensors.get("embed_tokens.weight")
-    if embed is not None and tuple(embed.shape) != (V, H):
+    if embed is not None and tuple(embed.shape) != (V, H) and not (draft.own_embedding
+                                                                  and tuple(embed.shape) == (V, draft.hidden_size)):
         raise Eagle3InputError(
             f"{where}: tensor '{tensor_name('embed_tokens.weight')}' has shape {list(embed.shape)}, but "
             f"verifier {name}'s embedding is {[V, H]}: the source was made for another verifier. {_OTHER}")

@@ -109,6 +109,8 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, 3 * Ht), "norm.weight": (H,),
                                           "lm_head.weight": (cfg.draft_vocab_size, H),
                                           "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    if cfg.own_embedding:  # a draft of another width ships its own
+        shapes["embed_tokens.weight"] = (cfg.vocab_size, H)
     if cfg.norm_before_fc:
         shapes["input_norm.weight"] = (3 * Ht,)
     if cfg.fc_norm:

@@ -97,7 +97,8 @@ def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[st
 
 
 def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagle3Draft:
-    """Load one of our checkpoints (weights + draft_config.json). The frozen embedding comes from the verifier."""
+    """Load one of our checkpoints (weights + draft_config.json). The frozen embedding comes from the verifier
+    (`embed`), a draft of another width's from its checkpoint."""
     directory = Path(directory)
     if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
         raise Eagle3InputError(f"{directory} is not an eagle3-train checkpoint (needs {CONFIG} and {WEIGHTS})")
@@ -107,9 +108,7 @@ def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagl
     missing = [k for k in missing if not k.startswith("embed_tokens.")]
     if missing or unexpected:
         raise Eagle3InputError(f"checkpoint {directory}: missing tensors {missing}, unexpected tensors {unexpected}")
-    if embed is not None:
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(embed)
+    model.use_embedding(embed, state.get("embed_tokens.weight"), f"checkpoint {directory}")
     return model
 
 

@@ -85,8 +85,8 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     ref.load_state_dict({k: v.to(dtype).float() if v.is_floating_point() else v
                          for k, v in model.state_dict().items()})
     again = Eagle3Draft(loaded.config)
-    missing, unexpected = again.load_state_dict({**loaded.tensors, "embed_tokens.weight": ref.embed_tokens.weight},
-                                                strict=False)
+    embed = loaded.extra.get("embed_tokens.weight") if model.config.own_embedding else ref.embed_tokens.weight
+    missing, unexpected = again.load_state_dict({**loaded.tensors, "embed_tokens.weight": embed}, strict=False)
     if missing or unexpected:
         raise Eagle3InputError(f"export {out_dir} does not reload: missing {missing}, unexpected {unexpected}")
     again.float()
@@ -161,7 +161,9 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     torch_dtype = DTYPES[dtype]
     out_tensors = {export_key(k, fmt): (v.to(torch_dtype) if v.is_floating_point() else v).contiguous()
                    for k, v in tensors.items()}
-    if include_embed:
+    if cfg.own_embedding:  # a draft of another width ships its own (trainable_state_dict holds it)
+        source["includes_embed_tokens"] = True
+    elif include_embed:
         if not verifier_name:
             raise Eagle3InputError("--include-embed needs the verifier (none recorded; pass --verifier)")
         from eagle3_train.model.verifier_head import load_verifier_head

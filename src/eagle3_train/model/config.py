@@ -59,6 +59,12 @@ class DraftConfig:
     def aux_hidden_size(self) -> int:
         return self.target_hidden_size or self.hidden_size
 
+    @property
+    def own_embedding(self) -> bool:
+        """A draft narrower (or wider) than its verifier embeds tokens with its own trained table, which it ships:
+        the verifier's embedding has the verifier's width."""
+        return self.aux_hidden_size != self.hidden_size
+
     def __post_init__(self) -> None:
         self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
         if len(self.aux_layer_ids) != 3:
@@ -88,6 +94,7 @@ class DraftConfig:
         c = verifier_config.get("text_config", verifier_config)  # multimodal wrappers keep the LM in text_config
         H, heads = c["hidden_size"], c["num_attention_heads"]
         L = c["num_hidden_layers"]
+        width = _width(c, overrides.pop("hidden_size", None), overrides.get("architecture"))
         rope = c.get("rope_parameters") or {}
         rope_theta = c.get("rope_theta", rope.get("rope_theta", 10000.0))
         rope_scaling = c.get("rope_scaling")
@@ -113,6 +120,7 @@ class DraftConfig:
         )
         if overrides.get("architecture") == "mla":  # the latent dims default to the verifier's own MLA
             kw.update({k: c.get(k) for k in MLA_DIMS if c.get(k) is not None})
+        kw.update(width)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
 
@@ -153,6 +161,29 @@ class DraftConfig:
     def uses_default_aux_layers(self) -> bool:
         return self.verifier_num_layers is not None and \
             tuple(self.aux_layer_ids) == default_aux_layer_ids(self.verifier_num_layers)
+
+
+def _width(c: dict[str, Any], hidden_size: int | None, architecture: str | None) -> dict[str, Any]:
+    """The fields a draft of another width than its verifier (`hidden_size`) changes: the verifier's width becomes
+    `target_hidden_size` (what fc reads), a Llama layer keeps the verifier's head_dim with hidden_size / head_dim
+    heads (key-value heads: the most that divide them, at most the verifier's), and the MLP scales with the width;
+    an MLA layer keeps the verifier's heads and latent dims. Empty at the verifier's own width."""
+    H = c["hidden_size"]
+    if not hidden_size or hidden_size == H:
+        return {}
+    out: dict[str, Any] = {"hidden_size": hidden_size, "target_hidden_size": H,
+                           "intermediate_size": max(1, round(c["intermediate_size"] * hidden_size / H))}
+    if architecture != "mla":
+        head_dim = c.get("head_dim") or H // c["num_attention_heads"]
+        if hidden_size % head_dim:
+            raise Eagle3InputError(f"draft hidden_size {hidden_size} must be a multiple of the verifier's head_dim "
+                                   f"{head_dim} (its attention heads keep that size)")
+        heads = hidden_size // head_dim
+        kv = min(c.get("num_key_value_heads", c["num_attention_heads"]), heads)
+        while heads % kv:
+            kv -= 1
+        out.update(num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim)
+    return out
 
 
 def dump_config(cfg: DraftConfig) -> str:

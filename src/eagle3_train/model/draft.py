@@ -22,6 +22,7 @@ from transformers.models.llama.modeling_llama import (
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.attention import LayerTTTCache, llama_config
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.utils.io import Eagle3InputError
 
 
 class DraftDecoderLayer(nn.Module):
@@ -71,7 +72,8 @@ class Eagle3Draft(nn.Module):
         self.config = cfg
         H, Ht = cfg.hidden_size, cfg.aux_hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
-        self.embed_tokens.weight.requires_grad_(False)  # the verifier's embedding, frozen
+        # the verifier's embedding, frozen; a draft of another width trains (and ships) its own
+        self.embed_tokens.weight.requires_grad_(cfg.own_embedding)
         if cfg.norm_before_fc:
             self.input_norm = LlamaRMSNorm(3 * Ht, eps=cfg.rms_norm_eps)
         if cfg.fc_norm:
@@ -155,5 +157,21 @@ class Eagle3Draft(nn.Module):
 
     # --- weights I/O --------------------------------------------------------------------------------------------
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything but the frozen verifier embedding (and non-persistent RoPE buffers)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed_tokens.")}
+        """Everything but the frozen verifier embedding (and non-persistent RoPE buffers); a draft's own embedding
+        is kept."""
+        return {k: v for k, v in self.state_dict().items()
+                if self.config.own_embedding or not k.startswith("embed_tokens.")}
+
+    @torch.no_grad()
+    def use_embedding(self, verifier_embed: torch.Tensor | None, own: torch.Tensor | None = None,
+                      where: str = "draft") -> None:
+        """Set the token embedding: the verifier's (frozen), or for a draft of another width its own `own` (from
+        its checkpoint or export; an error naming `where` when missing)."""
+        if self.config.own_embedding:
+            if own is None:
+                raise Eagle3InputError(f"{where}: a draft of width {self.config.hidden_size} under a verifier of "
+                                       f"width {self.config.aux_hidden_size} needs its own embed_tokens.weight, "
+                                       f"which it does not carry")
+            self.embed_tokens.weight.copy_(own)
+        elif verifier_embed is not None:
+            self.embed_tokens.weight.copy_(verifier_embed)

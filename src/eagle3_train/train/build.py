@@ -24,7 +24,7 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         inputs.verifier.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
         intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
         norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
-        norm_output=cfg.norm_output, architecture=cfg.architecture)
+        norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size)
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier.name
@@ -32,16 +32,19 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
     with torch.device(device):
         model = Eagle3Draft(draft_cfg)
     with torch.no_grad():
-        model.embed_tokens.weight.copy_(inputs.embed)
+        if not draft_cfg.own_embedding:  # a draft of another width keeps its own, randomly initialised
+            model.embed_tokens.weight.copy_(inputs.embed)
         model.set_vocab(d2t, t2d)
-        if cfg.lm_head_init == "verifier":
-            model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
-        elif cfg.lm_head_init != "random":
+        if cfg.lm_head_init not in ("verifier", "random"):
             raise Eagle3InputError(f"train.lm_head_init must be 'verifier' or 'random', got '{cfg.lm_head_init}'")
+        if cfg.lm_head_init == "verifier" and not draft_cfg.own_embedding:  # the verifier's rows: same width only
+            model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
     return model
 
 
 def init_record(cfg: TrainConfig) -> dict[str, Any]:
     """Where a run from scratch starts (the training metadata's `init`); a finetune replaces it with its source."""
-    return {"method": "random", "seed": cfg.seed, "lm_head_init": cfg.lm_head_init}
+    narrower = cfg.hidden_size is not None  # another width: own embedding, lm_head at random (build_model)
+    return {"method": "random", "seed": cfg.seed, "lm_head_init": "random" if narrower else cfg.lm_head_init,
+            **({"hidden_size": cfg.hidden_size, "embedding": "own, random"} if narrower else {})}
 

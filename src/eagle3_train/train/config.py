@@ -100,6 +100,11 @@ class TrainConfig:
         "llama", "draft decoder layer: llama (grouped-query attention; vLLM and SGLang) or mla (DeepSeek-V3's latent "
         "attention with the verifier's MLA dims, as the Kimi-K2.5 MLA drafts; vLLM, beside an MLA verifier)")
     num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)", valid=">= 1")
+    hidden_size: int | None = setting(
+        None, "draft width below (or above) the verifier's, e.g. 2560 under 7168 (default: the verifier's): fc "
+              "reads the verifier's width (target_hidden_size), the draft trains and ships its own embedding and "
+              "starts its lm_head at random; a Llama layer keeps the verifier's head_dim", valid=">= 1",
+        experimental=True)
     intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)", valid=">= 1")
     norm_before_residual: bool = setting(False, "vLLM option: normalise the hidden state before the residual")
     norm_before_fc: bool = setting(False, "vLLM option: normalise the aux features before fc")

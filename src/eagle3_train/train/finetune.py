@@ -51,13 +51,14 @@ log = logging.getLogger(__name__)
 
 VOCAB_POLICIES = ("keep", "rebuild")
 # DraftConfig fields taken from the source: they shape the weights or change what the network computes.
-ARCH_FIELDS = ("architecture", *MLA_DIMS, "num_layers", "intermediate_size", "num_attention_heads",
+ARCH_FIELDS = ("architecture", *MLA_DIMS, "hidden_size", "target_hidden_size", "num_layers", "intermediate_size",
+               "num_attention_heads",
                "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
                "max_position_embeddings", "hidden_act", "norm_before_residual", "norm_before_fc", "fc_norm",
                "norm_output")
 # TrainConfig settings that the source's values replace.
-RUN_ARCH_SETTINGS = ("num_layers", "intermediate_size", "norm_before_residual", "norm_before_fc", "fc_norm",
-                     "norm_output")
+RUN_ARCH_SETTINGS = ("hidden_size", "num_layers", "intermediate_size", "norm_before_residual", "norm_before_fc",
+                     "fc_norm", "norm_output")
 _VOCAB_KEYS = ("d2t", "t2d")
 _NOT_LOADED = ("embed_tokens.weight",)
 
@@ -181,7 +182,7 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
     # layers are checked against the run's below, where --allow-aux-layer-mismatch may accept them).
     check_draft_fits_verifier(loaded.config, inputs.verifier.config, f"finetune source {loaded.path}",
                               inputs.verifier.name, {**loaded.tensors, **loaded.extra}, loaded.source_name,
-                              draft_hidden=H, check_layers=False)
+                              draft_hidden=loaded.config.hidden_size, check_layers=False)
     notes: list[str] = []
     for n in loaded.notes:  # after the fit check: a wrong verifier gets its one message, not warnings first
         _warn(notes, n)
@@ -199,8 +200,10 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
         _warn(notes, f"train.architecture={cfg.architecture} replaced by the source's {overrides['architecture']}")
     for f in RUN_ARCH_SETTINGS:
         mine = getattr(cfg, f)
-        if f == "intermediate_size" and mine is None:
+        if f in ("intermediate_size", "hidden_size") and mine is None:
             continue  # "the verifier's" - not a choice the user made
+        if f == "hidden_size" and overrides["target_hidden_size"] is None and mine == H:
+            continue  # the verifier's width, named
         if mine != overrides[f]:
             _warn(notes, f"train.{f}={mine} replaced by the source's {overrides[f]}")
     vocab = (d2t, t2d) if cfg.finetune_vocab == "keep" else None
@@ -255,7 +258,8 @@ def _remap_lm_head(model, src_lm: torch.Tensor, src_ids: torch.Tensor, inputs, l
     src_rows = row_of[run_ids]
     shared = src_rows >= 0
     w = model.lm_head.weight
-    new = inputs.lm_head[run_ids].to(w) if lm_head_init == "verifier" else w.detach().clone()
+    from_verifier = lm_head_init == "verifier" and not model.config.own_embedding  # same width only
+    new = inputs.lm_head[run_ids].to(w) if from_verifier else w.detach().clone()
     new[shared] = src_lm[src_rows[shared]].to(w)
     w.copy_(new)
 
@@ -275,7 +279,12 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
         wanted["lm_head.weight"] = (source.d2t.shape[0], H)  # the source's rows, remapped below
     to_copy, ignored, unknown = _match_tensors(loaded, wanted, notes)
     embed = loaded.extra.get("embed_tokens.weight")
-    if embed is not None:
+    if model.config.own_embedding:  # a draft of another width: its embedding is its own, loaded with its weights
+        if embed is None:
+            raise Eagle3InputError(f"finetune source {loaded.path}: a draft of width {H} needs its own "
+                                   f"embed_tokens.weight (the verifier's has width {model.config.aux_hidden_size})")
+        to_copy["embed_tokens.weight"] = embed
+    elif embed is not None:
         ignored.append(loaded.source_name("embed_tokens.weight"))
         _note_embedding(embed, inputs, notes, copy)
     missing = sorted(set(wanted) - set(to_copy))

@@ -77,7 +77,8 @@ class Trainer:
         self.model, self.init_record = (finetune_model(cfg, self.inputs) if cfg.finetune_from
                                         else (build_model(cfg, self.inputs), init_record(cfg)))
         frozen = verifier_tensor_dtype(self.precision)
-        self.model.embed_tokens.to(frozen)
+        if not self.model.config.own_embedding:  # the verifier's, frozen; an own embedding trains in full precision
+            self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(self.device)
         broadcast_parameters(self.model, self.info)

@@ -1,0 +1,50 @@
+"""A draft narrower than its verifier, served by real vLLM: trained at half the tiny Qwen3 verifier's width (its own
+embedding, fc reading the verifier's width), exported with `target_hidden_size` and its embedding; vLLM keeps the
+draft's embedding (the widths differ), greedy output is identical with and without it, and the offline evaluator
+reproduces vLLM draft for draft."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from families import build_tiny_verifier
+from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, on_policy_stages
+from vllm_helpers import require_vllm
+
+from eagle3_train.evaluate.offline import evaluate_offline
+from eagle3_train.export.exporter import export
+from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.trainer import train
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, smollm2_dir) -> dict:
+    require_vllm()
+    root = tmp_path_factory.mktemp("narrow-draft")
+    verifier = build_tiny_verifier("qwen3", root / "verifier", smollm2_dir)
+    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
+    train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"), vocab=str(root / "vocab"),
+                      out=str(root / "train"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3, warmup_ratio=0.05,
+                      tensorboard=False, hidden_size=32))
+    export(root / "train", root / "draft", fmt="eagle")
+    with VLLMServer(verifier, speculative=speculative_config(root / "draft", K), startup_matters=True,
+                    log_path=root / "vllm-narrow.log") as spec:
+        served = [complete(spec.base_url, spec.model_name, ids) for ids in prompt_ids]
+    offline = evaluate_offline(root / "draft", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
+                               dtype=torch.float32, record_rounds=True)
+    return {"root": root, "plain": plain, "served": served, "offline": offline}
+
+
+def test_vllm_serves_the_narrow_draft_with_its_own_embedding(run):
+    config = json.loads((run["root"] / "draft" / "config.json").read_text())
+    assert (config["hidden_size"], config["target_hidden_size"]) == (32, 64)
+    log = (run["root"] / "vllm-narrow.log").read_text()
+    assert "Keeping separate embedding weights" in log  # vLLM kept the draft's own embedding
+    assert [t for t, _ in run["served"]] == run["plain"]  # greedy output unchanged by speculation
+    assert sum(a["num_accepted_tokens"] for _, a in run["served"]) > 0  # a trained draft, not a random one
+    assert_draft_for_draft(run["served"], run["offline"], "narrow draft")
