@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from draft_layouts import reference_draft, write_ours
@@ -99,3 +100,24 @@ def test_the_printed_serve_command_carries_trust_remote_code_when_the_run_used_i
     assert "--trust-remote-code" not in export(plain, tmp_path / "a", fmt="eagle", verifier="v")["serve"]
     for fmt in ("eagle", "speculators"):
         assert export(kimi, tmp_path / fmt, fmt=fmt, verifier="v")["serve"].endswith(" --trust-remote-code")
+
+
+def test_an_mla_draft_with_a_norm_over_the_taps_is_not_served_as_trained_by_vllm():
+    """vLLM 0.32's deepseek_eagle3.py reads fc_norm and norm_output but has no norm over the concatenated aux states:
+    the verdict says so (the file in the vLLM env is checked when it is installed)."""
+    from test_mla_draft import mla_config
+
+    from eagle3_train.export.engines import engine_support
+
+    plain = engine_support(mla_config(), "eagle")["vllm"]
+    assert plain["serves_as_trained"] and not plain["reasons"]
+    for option, served in (("norm_before_fc", False), ("fc_norm", True), ("norm_output", True)):
+        verdict = engine_support(mla_config(**{option: True}), "eagle")["vllm"]
+        assert verdict["serves_as_trained"] is served, (option, verdict)
+    import glob
+
+    sources = glob.glob(str(Path(__file__).resolve().parents[1] / ".venv-vllm/lib/python3*/site-packages/vllm/"
+                                                                 "model_executor/models/deepseek_eagle3.py"))
+    for source in sources:  # the fact the verdict rests on, read from the vLLM this project serves with
+        text = Path(source).read_text()
+        assert "norm_before_fc" not in text and "fc_norm" in text and "norm_output" in text
