@@ -134,8 +134,8 @@ class GenerateSettings:
         "auto", "how the verifier's thinking is switched and what sampling its makers recommend (README, 'Thinking "
                 "models'); auto: from the chat template of a local model, else from the served model's name")
     estimate_only: bool = setting(False, "regenerate the first wave of conversations (one per request in flight), "
-                                         "print the measured ETA of the whole run and stop; a rerun resumes",
-                                  yaml=False)
+                                         "print the measured ETA of the rest (on the long side: the wave also warms "
+                                         "the server) and stop; a rerun resumes", yaml=False)
     timeout_s: float = setting(600.0, "per-request timeout in seconds", flag="--timeout", aliases=("--timeout-s",),
                                valid="> 0")
     max_retries: int = setting(6, "retries on connection errors, 429 and 5xx", valid=">= 0")
