@@ -10,7 +10,7 @@ the same rows through the anchor's `prepared_to_pretok.py` and makes its own hid
 Budget: a probe (both trainers side by side, a few steps each) measures each one's throughput under the shared load;
 each then gets the optimizer steps that fill `--minutes` at that rate (the learning-rate schedule of both decays over
 them), so each uses its time as it likes. speculators runs with its defaults except what its CPU harness forces
-(fp32, AdamW; ../shared/anchors/speculators/README.md); ours with `--ours` overrides (default: our best settings).
+(fp32, AdamW; speculators_harness/README.md); ours with `--ours` overrides (default: our best settings).
 
   .venv/bin/python benchmarks/equal_wall_clock.py --minutes 30
 Results: benchmarks/out/equal_wall_clock.json, benchmarks/equal_wall_clock.png
@@ -198,7 +198,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=80)
     p.add_argument("--ours", action="append", default=None, metavar="KEY=VALUE",
                    help=f"our train overrides (default: {' '.join(OURS_BEST)})")
-    p.add_argument("--anchor", type=Path, default=HERE.parent.parent / "shared" / "anchors" / "speculators")
+    p.add_argument("--anchor", type=Path, default=HERE / "speculators_harness")
     p.add_argument("--venv", type=Path, default=Path("/tmp/anchors/specvenv"))
     p.add_argument("--serve-only", action="store_true", help="measure the drafts of an earlier run")
     p.add_argument("--prepare-only", action="store_true", help="build both trainers' data for the pool, then stop")

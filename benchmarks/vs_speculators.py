@@ -9,7 +9,7 @@ gives itself (tcmalloc where installed, src/eagle3_train/utils/host_memory.py), 
 this script with LD_PRELOAD=libtcmalloc_minimal.so.4 to give both the same allocator.
 
   .venv/bin/python benchmarks/vs_speculators.py --ttt 3,7 --steps 20 --rounds 2
-  (needs the anchor venv: bash ../shared/anchors/speculators/setup_venv.sh, ~3 min)
+  (needs the anchor venv: bash benchmarks/speculators_harness/setup_venv.sh, ~3 min)
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run (after one warm-up step)")
     p.add_argument("--rounds", type=int, default=2, help="alternating runs per trainer and TTT setting")
     p.add_argument("--limit", type=int, default=200, help="ShareGPT conversations (max 512 tokens each)")
-    p.add_argument("--anchor", type=Path, default=HERE.parent.parent / "shared" / "anchors" / "speculators")
+    p.add_argument("--anchor", type=Path, default=HERE / "speculators_harness")
     p.add_argument("--venv", type=Path, default=Path("/tmp/anchors/specvenv"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override our TrainConfig field")
     p.add_argument("--spec", action="append", default=[], metavar="KNOB=VALUE",
