@@ -74,10 +74,11 @@ def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | N
         info = {"path": str(loaded.path), "format": loaded.format, "metadata": loaded.metadata,
                 "notes": list(loaded.notes)}
     _check_fits(draft, verifier_model, info["path"])
-    own = None if ckpt is not None else loaded.extra.get("embed_tokens.weight")
-    if ckpt is not None and draft.config.own_embedding:
-        own = draft.embed_tokens.weight.detach().clone()  # load_draft read it from the checkpoint
-    draft.use_embedding(verifier_model.get_input_embeddings().weight, own, info["path"])
+    verifier_embed = verifier_model.get_input_embeddings().weight
+    if ckpt is None:  # an export: its own embedding, when it has one, is read apart from its weights
+        draft.use_embedding(verifier_embed, loaded.extra.get("embed_tokens.weight"), info["path"])
+    elif not draft.config.own_embedding:  # a checkpoint's own embedding came with its weights (load_draft)
+        draft.use_embedding(verifier_embed)
     info["aux_layer_ids"] = list(draft.config.aux_layer_ids)
     info["draft_vocab_size"] = draft.config.draft_vocab_size
     return draft, info

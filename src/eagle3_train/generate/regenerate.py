@@ -108,6 +108,11 @@ class _Stats:
     reasoning_tokens: float = 0.0
     answer_tokens: float = 0.0
 
+    @property
+    def handled(self) -> int:
+        """Conversations this run finished or skipped."""
+        return self.finished + sum(self.skipped.values())
+
 
 def default_max_tokens(style: ThinkingStyle, reasoning: str, max_model_len: int | None) -> tuple[int, str]:
     """(max new tokens per turn, why) when the user set none: a thinking model's reasoning needs thousands."""
@@ -248,12 +253,13 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             return None, {"id": conv_id, "reason": "rejected", "detail": str(e)[:300]}
         prefer = reply.endpoint
         stats.requests += 1
-        stats.completion_tokens += int(reply.usage.get("completion_tokens", 0))
+        tokens = int(reply.usage.get("completion_tokens", 0))
+        stats.completion_tokens += tokens
         stats.prompt_tokens += int(reply.usage.get("prompt_tokens", 0))
         content, reasoning = reply.content, reply.reasoning
         if reasoning is None:  # a server without a reasoning parser leaves <think> inline
             content, reasoning = split_inline_reasoning(content)
-        _count_text(stats, int(reply.usage.get("completion_tokens", 0)), reasoning or "", content)
+        _count_text(stats, tokens, reasoning or "", content)
         if sampling.reasoning != "keep":
             reasoning = None
         cut = reply.finish_reason == "length"
@@ -512,8 +518,7 @@ class _Report:
 
     def remaining(self) -> int:
         """Conversations of the source not yet done or skipped (by earlier runs or this one)."""
-        done_now = self.stats.finished + sum(self.stats.skipped.values())
-        return max(0, self.resume.total - len(self.resume.seen) - done_now)
+        return max(0, self.resume.total - len(self.resume.seen) - self.stats.handled)
 
     def estimate(self) -> None:
         """The ETA of the rest of the run from the rate since the start (logged once), taken when the first wave of
@@ -522,7 +527,7 @@ class _Report:
         after two waves the ETA came out 28% short instead, the second wave's slow conversations still in flight)."""
         now = time.monotonic()
         wall = now - self.t0
-        finished = self.stats.finished + sum(self.stats.skipped.values())
+        finished = self.stats.handled
         rate = finished / wall if wall > 0 else 0.0
         left = self.remaining()
         self.eta = {"measured_conversations": finished, "measured_s": round(wall, 1),
@@ -674,7 +679,7 @@ async def _work(report: _Report, conversations: Any, sampling: Sampling, run: _R
                             think=f"{thought:.0%}", cut=stats.cut_turns, skipped=sum(stats.skipped.values()),
                             refresh=False)
             bar.update(1)
-            if report.eta is None and stats.finished + sum(stats.skipped.values()) >= wave:
+            if report.eta is None and stats.handled >= wave:
                 report.estimate()
                 if run.estimate_only:
                     stop.set()
