@@ -80,7 +80,10 @@ class Campaign:
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"),
                                                                                  os.environ.get("PYTHONPATH")])),
                     "EAGLE3_TRAIN_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+                    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+                    # Outputs are compared bit for bit across processes: MKL may otherwise pick a GEMM code path by
+                    # memory alignment, which differs between a resumed process and the uninterrupted one.
+                    "MKL_CBWR": os.environ.get("MKL_CBWR", "AUTO,STRICT")}
         self.kills = 2 if short else 10
         self.started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
         self.t0 = time.monotonic()
@@ -370,8 +373,14 @@ def compare_train(ref: Path, got: Path) -> list[str]:
         return [{k: v for k, v in json.loads(ln).items() if k not in ("time", "tokens_per_s")}
                 for ln in p.read_text().splitlines() if ln.strip()]
 
-    if metrics(ref / "metrics.jsonl") != metrics(got / "metrics.jsonl"):
-        diffs.append("metrics.jsonl (losses/accuracies per step) differ")
+    want, have = metrics(ref / "metrics.jsonl"), metrics(got / "metrics.jsonl")
+    if want != have:
+        at = next((i for i, (w, h) in enumerate(zip(want, have)) if w != h), min(len(want), len(have)))
+        keys = sorted(k for k in set(want[at]) | set(have[at]) if want[at].get(k) != have[at].get(k)) \
+            if at < min(len(want), len(have)) else []
+        diffs.append(f"metrics.jsonl (losses/accuracies per step) differ: {len(want)} vs {len(have)} lines, "
+                     f"first at line {at + 1}" + (f" in {keys}: {[want[at].get(k) for k in keys]} vs "
+                                                   f"{[have[at].get(k) for k in keys]}" if keys else ""))
     return diffs
 
 

@@ -115,6 +115,27 @@ def test_a_run_killed_between_its_last_checkpoint_and_final_resumes_without_logg
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_run_killed_before_its_first_checkpoint_starts_over_without_its_metric_lines(stages, tmp_path, resume):
+    """The kill campaign found it: killed after logging a few steps but before the first checkpoint, the rerun
+    (fresh, with or without --resume) appended to the killed run's metrics.jsonl."""
+    root, _ = stages
+    run = tmp_path / "run"
+    train(config(root, run, max_steps=4))
+    before = (run / "metrics.jsonl").read_text()
+    # What the kill leaves: metric lines of the steps it trained, no checkpoint, no final/.
+    shutil.rmtree(run / "final")
+    shutil.rmtree(run / "checkpoints")
+    (run / "metrics.jsonl").write_text("".join(before.splitlines(keepends=True)[:2]))
+    again = train(config(root, run, max_steps=4, resume=resume))
+    assert again["step"] == 4
+    strip = ("time", "tokens_per_s")
+    a, b = ([{k: v for k, v in json.loads(x).items() if k not in strip} for x in text.splitlines()]
+            for text in (before, (run / "metrics.jsonl").read_text()))
+    assert a == b
+    assert [r["step"] for r in b if r["split"] == "train"] == [1, 2, 3, 4]
+
+@pytest.mark.slow
 def test_a_run_killed_after_a_periodic_checkpoint_of_its_last_step_resumes_to_the_same_record(stages, tmp_path):
     """Killed after the periodic save of the run's last step and after the final validation was logged (the kill
     campaign found it): the resumed run logs that validation once, with the epoch an uninterrupted run gives it."""

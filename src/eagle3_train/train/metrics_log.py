@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from eagle3_train.utils.io import atomic_path
+
 
 class MetricsLog:
     def __init__(self, out: Path, active: bool):
@@ -16,11 +18,12 @@ class MetricsLog:
         self.lines = 0  # lines in metrics.jsonl: a checkpoint records them, a resume keeps exactly those
         self.writer = None
 
-    def open_tensorboard(self) -> None:
+    def open_tensorboard(self, step: int) -> None:
+        """From `step` on: TensorBoard drops the events a killed run logged at or after it (they are logged again)."""
         if self.active:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+            self.writer = SummaryWriter(str(self.out / "tensorboard"), purge_step=step)
 
     def write(self, split: str, values: dict[str, float], *, step: int, epoch: int, tokens_seen: int) -> None:
         if not self.active:
@@ -35,13 +38,16 @@ class MetricsLog:
                 self.writer.add_scalar(f"{split}/{k}", v, step)
 
     def keep_until(self, step: int, lines: int | None) -> None:
-        """On resume: keep the lines written before the checkpoint (later ones will be logged again), the count it
-        recorded, or for older checkpoints the lines up to its step."""
+        """Before training starts: keep the lines written before the checkpoint it resumes from (later ones will be
+        logged again), the count that checkpoint recorded, or for older checkpoints the lines up to its step; none
+        on a fresh start (step 0, lines 0: what a run killed before its first checkpoint logged). Atomic: a kill
+        here leaves the old log or the new one."""
         if not (self.active and self.path.is_file()):
             return
         rows = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
         keep = rows[:lines] if lines is not None else [ln for ln in rows if json.loads(ln)["step"] <= step]
-        self.path.write_text("".join(x + "\n" for x in keep))
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(x + "\n" for x in keep))
         self.lines = len(keep)
 
     def close(self) -> None:
