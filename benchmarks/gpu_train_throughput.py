@@ -36,7 +36,6 @@ from eagle3_train.model.verifier_head import LogitTransform  # noqa: E402
 from eagle3_train.train.build import build_model  # noqa: E402
 from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
-from eagle3_train.train.distributed import DistInfo  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
 from eagle3_train.train.objective import FeatureNoise, Objective  # noqa: E402
 from eagle3_train.train.optimizer import (
@@ -45,6 +44,7 @@ from eagle3_train.train.optimizer import (
 )
 from eagle3_train.train.precision import resolve_precision, verifier_tensor_dtype  # noqa: E402
 from eagle3_train.train.trainer import Trainer  # noqa: E402
+from eagle3_train.utils.distributed import DistInfo  # noqa: E402
 from eagle3_train.utils.settings import build_settings  # noqa: E402
 
 # Verifier configs (the fields the draft is derived from). Kimi-K2's own attention is MLA; its published EAGLE-3 draft

@@ -373,8 +373,8 @@ def collectives(work: Path, device: str) -> None:
 
     from eagle3_train.train.batching import plan_batches
     from eagle3_train.train.config import TrainConfig
-    from eagle3_train.train.distributed import DistInfo, all_reduce_sum_, barrier, broadcast_parameters, destroy
     from eagle3_train.train.trainer import Trainer
+    from eagle3_train.utils.distributed import DistInfo, all_reduce_sum_, barrier, broadcast_parameters, destroy
     from eagle3_train.utils.settings import build_settings
 
     cfg = build_settings(TrainConfig, dict(prepared=str(work / "prepared"), hidden_states=str(work / "hidden"),

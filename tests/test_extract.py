@@ -520,3 +520,42 @@ def test_extract_takes_the_layers_of_the_draft_it_will_finetune(tmp_path, tiny_l
     with pytest.raises(Eagle3InputError, match=r"differ from the layers the finetune source"):
         extract(mixed_prepared, tiny_llama, tmp_path / "hs2", device="cpu", layer_ids="0,1,2",
                 finetune_from=str(source))
+
+
+@pytest.mark.slow
+def test_torchrun_processes_share_one_store_and_resume_any_run(tmp_path, tiny_llama):
+    """Two processes (a GPU each on a real node) extract disjoint shards into one store, equal to one process's; a
+    single-process run killed after its first shard is finished by two processes."""
+    from numerics import fixed_threads
+
+    lengths = {"train": [16, 16, 16, 16] + [768] * 7, "validation": [12, 20, 30]}
+    prepared = make_prepared(tmp_path / "prep", lengths)
+    opts = ["--dtype", "float32", "--device", "cpu", "--token-budget", "1024", "--shard-tokens", "64"]
+    reference = tmp_path / "reference"
+    with fixed_threads(1):  # the threads of each torchrun process (OMP_NUM_THREADS=1): the same kernels
+        assert cli.main(["extract", "--prepared", str(prepared), "--verifier", str(tiny_llama), "--out",
+                         str(reference), *opts]) == 0
+    env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+    single = [sys.executable, "-m", "eagle3_train.cli", "extract", "--prepared", str(prepared), "--verifier",
+              str(tiny_llama), *opts]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *single[1:]]
+
+    both = tmp_path / "both"
+    r = subprocess.run([*torchrun, "--out", str(both)], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("complete:") == 1  # rank 0 reports for both
+    manifest = json.loads((both / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["processes"] == 2
+    assert manifest["throughput"]["tokens"] == sum(map(sum, lengths.values()))
+    check_hidden_states(both, prepared, tiny_llama)
+    assert_same_hidden_states(reference, both, lengths)
+
+    resumed = tmp_path / "resumed"
+    index = kill_after_first_shard([*single, "--out", str(resumed)], env, resumed)
+    assert not index["complete"]
+    r = subprocess.run([*torchrun, "--out", str(resumed)], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_hidden_states(resumed, prepared, tiny_llama)
+    assert_same_hidden_states(reference, resumed, lengths)
+    assert json.loads((resumed / "manifest.json").read_text())["throughput"]["tokens"] < manifest["throughput"][
+        "tokens"]  # the killed run's shards were kept, not redone

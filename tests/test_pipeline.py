@@ -171,18 +171,27 @@ def test_a_verifier_too_shallow_for_three_taps_is_named(tmp_path, tiny_llama_dir
 
 
 @pytest.mark.slow
-def test_the_train_stage_runs_data_parallel_under_torchrun(tiny_stages, tmp_path):
-    """`train_processes: N` launches the pipeline's train stage as `torchrun --standalone --nproc-per-node N` (here two
-    CPU processes, gloo): the run trains with world size N, and the stage reads its result back."""
-    from stage_helpers import train_config
+def test_extract_and_train_run_as_processes_under_torchrun(tmp_path, tiny_llama_dir):
+    """`train_processes: N` launches the HF extract stage and the train stage as `torchrun --standalone
+    --nproc-per-node N` (here two CPU processes, gloo): one store written by both, a run with world size N."""
+    from eagle3_train.pipeline import train_processes
 
-    from eagle3_train.pipeline import train_processes, train_under_torchrun
-
-    root, _ = tiny_stages
     assert train_processes("auto") == 1 and train_processes(2) == 2  # no CUDA here
-    cfg = train_config(root, tmp_path / "train", max_steps=2, tensorboard=False)
-    r = train_under_torchrun(cfg, 2, tmp_path / "train-launch.yaml")
-    assert r["step"] == 2 and r["world_size"] == 2 and r["validation"] and (tmp_path / "train" / "final").is_dir()
+    run = tmp_path / "run"
+    config = {
+        "run_dir": str(run), "verifier": str(tiny_llama_dir(initializer_range=0.5)), "train_processes": 2,
+        "prepare": {"data": "sharegpt", "limit": 8, "max_length": 96, "val_fraction": 0.25},
+        "vocab": {"size": 256}, "extract": {"dtype": "float32", "shard_tokens": 128},
+        "train": {"ttt_steps": 2, "max_steps": 2, "token_budget": 256, "tensorboard": False},
+        "export": {"formats": ["eagle"]}, "evaluate": {"vllm": False, "offline": False},
+    }
+    Pipeline(config).run()
+    manifest = json.loads((run / "hidden_states" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["processes"] == 2
+    assert manifest["splits"]["train"]["num_shards"] >= 2
+    meta = json.loads((run / "train" / "training_metadata.json").read_text())
+    assert meta["run"]["world_size"] == 2 and meta["progress"]["step"] == 2
+    assert (run / "export-eagle" / "model.safetensors").is_file()
 
 
 def served_run_config(tmp_path, tiny_llama_dir, extract: dict | None = None, train: dict | None = None) -> dict:

@@ -20,6 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_json, write_json
@@ -396,6 +398,14 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
     ext = ctx.cfg["extract"]
     if cfg.get("backend") != "vllm":
+        processes = train_processes(ctx.cfg.get("train_processes", "auto"))
+        if processes > 1:  # one verifier replica per GPU, disjoint shards, one store (hidden_states/parallel.py)
+            args = ["--prepared", str(ctx.run_dir / "prepared"), "--verifier", ctx.verifier.name, "--out", str(out),
+                    *(["--overwrite"] if restart else []), *(["--trust-remote-code"] if ctx.trust_remote_code else []),
+                    *(a for k, v in cfg.items() if v is not None
+                      for a in ("--set", f"extract.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"))]
+            under_torchrun("extract", args, processes)
+            return _extract_summary(read_json(out / "manifest.json", "hidden-states manifest"))
         return _extract_summary(extract(ctx.run_dir / "prepared", ctx.verifier, out, **cfg, **kw))
     options = {k: ext[k] for k in ("model", "concurrency", "hidden_states_dir") if ext.get(k) is not None}
     if ext.get("endpoint"):  # the user's servers (a multi-GPU verifier): their storage dir is given
@@ -448,22 +458,26 @@ def train_processes(setting: int | str) -> int:
     return int(setting)
 
 
-def train_under_torchrun(cfg, processes: int, launch_file: Path) -> dict[str, Any]:
-    """The train stage as `torchrun --standalone --nproc-per-node N -m eagle3_train.cli train --config FILE` (data
-    parallel on this machine: NCCL on GPUs, gloo on CPU); its result read back from the run's training metadata."""
+def under_torchrun(stage: str, args: list[str], processes: int) -> None:
+    """`torchrun --standalone --nproc-per-node N -m eagle3_train.cli STAGE ARGS` on this machine (NCCL or gloo among
+    the GPUs' processes, gloo on CPU); a failure names the stage and how to resume it."""
     import subprocess
     import sys
 
-    import yaml
-
-    launch_file.write_text(yaml.safe_dump({"train": cfg.to_dict()}, sort_keys=False))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-           "-m", "eagle3_train.cli", "train", "--config", str(launch_file)]
-    log.info("[train] %d processes: %s", processes, " ".join(cmd))
+           "-m", "eagle3_train.cli", stage, *args]
+    log.info("[%s] %d processes: %s", stage, processes, " ".join(cmd))
     rc = subprocess.run(cmd).returncode
     if rc != 0:
-        raise Eagle3InputError(f"the train stage under torchrun ended with exit code {rc} (its output is above); "
+        raise Eagle3InputError(f"the {stage} stage under torchrun ended with exit code {rc} (its output is above); "
                                f"rerun the same command to resume it")
+
+
+def train_under_torchrun(cfg, processes: int, launch_file: Path) -> dict[str, Any]:
+    """The train stage as `torchrun ... train --config FILE` (data parallel on this machine); its result read back
+    from the run's training metadata."""
+    launch_file.write_text(yaml.safe_dump({"train": cfg.to_dict()}, sort_keys=False))
+    under_torchrun("train", ["--config", str(launch_file)], processes)
     meta = read_json(Path(cfg.out) / "training_metadata.json", "training metadata")
     metrics = meta.get("metrics") or {}
     return {"tokens_per_s": (meta.get("run") or {}).get("tokens_per_s"), "step": meta["progress"]["step"],

@@ -53,9 +53,10 @@ class RunSettings:
     verifier: str = setting(DEFAULT_VERIFIER, VERIFIER_HELP)
     trust_remote_code: bool = setting(False, TRUST_HELP + " (prepare, extract, the vLLM servers)")
     train_processes: int | Literal["auto"] = setting(
-        "auto", "data-parallel processes of the train stage: auto = one per visible CUDA GPU (1 without); N > 1 runs "
-                "it as `torchrun --standalone --nproc-per-node N` (multi-node: run `torchrun ... eagle3-train train` "
-                "yourself, docs/GUIDE.md)", cli=False, valid=">= 1")
+        "auto", "processes of the train stage (data parallel) and of an HF extract stage (a verifier replica each, "
+                "disjoint shards): auto = one per visible CUDA GPU (1 without); N > 1 runs them as `torchrun "
+                "--standalone --nproc-per-node N` (multi-node: run `torchrun ... eagle3-train train` yourself, "
+                "docs/GUIDE.md)", cli=False, valid=">= 1")
     dry_run: bool = setting(False, "validate the config; with prepare/vocab/extract done, run `train --dry-run` on "
                                    "their outputs", yaml=False)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import time
 import typing
@@ -37,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
 from eagle3_train.data.prepare import check_prepared_tokenizer, load_prepared
 from eagle3_train.hidden_states import resume, store
-from eagle3_train.hidden_states.hf_backend import HFHiddenStates, plan_batches, resolve_device, torch_dtype
+from eagle3_train.hidden_states.compute import compute_shard
+from eagle3_train.hidden_states.hf_backend import HFHiddenStates, resolve_device, torch_dtype
+from eagle3_train.hidden_states.parallel import ExtractGroup
 from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
 from eagle3_train.settings import ExtractBackend, ExtractSettings
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, sha256_file, write_json
@@ -54,21 +57,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
 REQUIRED_COLUMNS = ("id", "input_ids", "length")  # of the prepared data (training also needs the loss mask)
 BACKENDS = typing.get_args(ExtractBackend)
-
-
-def _check_finite(aux, final, lengths: Sequence[int], sample_ids: Sequence[str], split: str, dtype: str) -> None:
-    import torch
-
-    bad = ~(torch.isfinite(aux).all(dim=-1) & torch.isfinite(final).all(dim=-1))
-    if not bool(bad.any()):
-        return
-    row = int(bad.nonzero()[0, 0])
-    offsets = torch.tensor([0, *lengths]).cumsum(0)
-    k = int(torch.searchsorted(offsets, torch.tensor(row), right=True)) - 1
-    hint = " (float16 overflows above 65504: try --dtype bfloat16)" if dtype == "float16" else ""
-    raise Eagle3InputError(f"the verifier produced NaN/Inf hidden states for sample id {sample_ids[k]!r} "
-                           f"(split '{split}', token {row - int(offsets[k])}){hint}; check the verifier weights "
-                           f"and --compute-dtype")
 
 
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
@@ -92,9 +80,22 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     """
     prepared_dir = Path(prepared_dir)
     splits = tuple(_D().splits if splits is None else splits)
-    _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options)
+    group = ExtractGroup()  # under torchrun: this process's share of the shards (parallel.py)
+    try:
+        return _extract(group, prepared_dir, verifier, out_dir, layer_ids, dtype, device, token_budget, shard_tokens,
+                        splits, max_samples, compute_dtype, overwrite, disk_margin, backend, endpoints, vllm_options,
+                        trust_remote_code, hash_weights, finetune_from)
+    finally:
+        group.close()
+
+
+def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_ids, dtype, device, token_budget,
+             shard_tokens, splits, max_samples, compute_dtype, overwrite, disk_margin, backend, endpoints,
+             vllm_options, trust_remote_code, hash_weights, finetune_from) -> dict:
+    _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options, group.world)
     # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
-    out_dir = claim_output_dir(out_dir, "extract", resume.WHAT, resume.written_by_extract, create=False)
+    out_dir = group.on_main(lambda: claim_output_dir(out_dir, "extract", resume.WHAT, resume.written_by_extract,
+                                                     create=False))
     store_dtype, store_bytes = store.store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits, REQUIRED_COLUMNS)[0]
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
@@ -103,7 +104,7 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
-        device = resolve_device(device)
+        device = group.device(resolve_device(device))
         if not compute_dtype:  # the teacher is the verifier as our vLLM server runs it here (the judge of the draft)
             from eagle3_train.serving.vllm_server import server_options
 
@@ -125,23 +126,23 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
         "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
         "max_samples": max_samples, "shard_tokens": int(shard_tokens),
     }
-    old_manifest = resume.resumable_manifest(out_dir, settings, overwrite)
-    done = resume.done_shards(out_dir, plans, old_manifest)
+    old_manifest, done = group.on_main(lambda: _resumable(out_dir, settings, overwrite, plans))
     total_tokens = sum(p.num_tokens for s in splits for p in plans[s])
     todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
     what = (f"{sum(len(p.rows) for s in splits for p in plans[s])} samples, {total_tokens} tokens ({todo_tokens} "
             f"left) x {bytes_per_token} B/token (4 x H={hidden} x {dtype})")
     # the HF backend's verifier stats add store.STATS_BYTES per token to the hidden states' bytes_per_token
     disk_bytes_per_token = bytes_per_token + (store.STATS_BYTES if backend == "hf" else 0)
-    resume.check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin, overwrite)
+    group.on_main(lambda: resume.check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin,
+                                                  overwrite))
     # nothing is deleted while another extract writes
-    with claimed_output(out_dir, "extract", resume.WHAT, resume.written_by_extract):
-        resume.clear_output(out_dir, overwrite)
+    with group.holding(lambda: claimed_output(out_dir, "extract", resume.WHAT, resume.written_by_extract)):
         manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
                                  aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token,
                                  token_budget=token_budget, device=device, trust_remote_code=trust_remote_code,
-                                 estimated_bytes=total_tokens * bytes_per_token)
-        write_json(out_dir / "manifest.json", manifest)
+                                 estimated_bytes=total_tokens * bytes_per_token, processes=group.world)
+        group.on_main(lambda: (resume.clear_output(out_dir, overwrite), write_json(out_dir / "manifest.json",
+                                                                                   manifest)))
         if backend == "vllm":
             from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
 
@@ -152,25 +153,32 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
         forward = _Producer(backend, ids, make)
         stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0}
         start, start_cpu = time.perf_counter(), time.process_time()
-        bar = progress(total=todo_tokens, desc="extract", unit="tok")
+        bar = progress(total=todo_tokens, desc="extract", unit="tok", disable=not group.is_main)
         try:
             for split in splits:
                 manifest["splits"][split] = _extract_split(
                     ds[split], split, plans[split], done[split], out_dir / split, forward, manifest, bar, stats,
-                    token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype, dtype=dtype)
+                    group, token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype,
+                    dtype=dtype)
         finally:
             bar.close()
             forward.close(manifest)
 
-        if stats["tokens"]:
+        stats["tokens_all"] = sum(s["tokens"] for s in group.gather({"tokens": stats["tokens"]}))
+        if stats["tokens_all"] and group.is_main:
             manifest["throughput"] = _throughput(stats, forward.it, start, start_cpu, device, compute_dtype,
-                                                 token_budget)
+                                                 token_budget, group.world)
         manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
                               for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
         manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
         manifest["updated"] = now_iso()
-        write_json(out_dir / "manifest.json", manifest)
-        return manifest
+        return group.on_main(lambda: (write_json(out_dir / "manifest.json", manifest), manifest)[1])
+
+
+def _resumable(out_dir: Path, settings: dict, overwrite: bool, plans: dict) -> tuple[dict | None, dict]:
+    """(the manifest a rerun continues, the shards already done per split)."""
+    old_manifest = resume.resumable_manifest(out_dir, settings, overwrite)
+    return old_manifest, resume.done_shards(out_dir, plans, old_manifest)
 
 
 def _open_verifier(prepared_dir: Path, verifier: str | Path | Verifier | None, trust_remote_code: bool,
@@ -196,7 +204,7 @@ def _open_verifier(prepared_dir: Path, verifier: str | Path | Verifier | None, t
 
 def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[str], *, verifier: Verifier,
                   prepared_dir: Path, aux_width: int, bytes_per_token: int, token_budget: int, device: str,
-                  trust_remote_code: bool, estimated_bytes: int) -> dict:
+                  trust_remote_code: bool, estimated_bytes: int, processes: int = 1) -> dict:
     """The in-progress manifest written before the first shard (what a resume keeps of the old one included)."""
     from eagle3_train.hidden_states import fp8
 
@@ -206,7 +214,7 @@ def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[st
         "verifier_name": verifier.name, "prepared_dir": str(prepared_dir.resolve()),
         "aux_width": aux_width, "bytes_per_token": bytes_per_token, "splits": {},
         "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
-        "estimated_bytes": estimated_bytes,
+        "estimated_bytes": estimated_bytes, "processes": processes,
         "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
         "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
     }
@@ -224,13 +232,16 @@ def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[st
 
 
 def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int | None, backend: str,
-                     endpoints: Sequence[str], vllm_options: dict[str, Any] | None) -> None:
+                     endpoints: Sequence[str], vllm_options: dict[str, Any] | None, processes: int = 1) -> None:
     if not splits:
         raise Eagle3InputError("no splits to extract")
     check_at_least("token_budget", token_budget, 1)
     check_at_least("max_samples", max_samples, 1)
     if backend not in BACKENDS:
         raise Eagle3InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "vllm" and processes > 1:
+        raise Eagle3InputError("--backend vllm runs in one process (the servers hold the verifier; several "
+                               "--endpoint share the work): run it without torchrun")
     if backend == "vllm" and not endpoints:
         raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
                                "`eagle3-train serve --extract-hidden-states`)")
@@ -291,78 +302,52 @@ class _Producer:
 
 
 def _extract_split(ds, split: str, plans: list[store.ShardPlan], done: dict[int, dict], split_dir: Path,
-                   forward: _Producer, manifest: dict, bar, stats: dict, *, token_budget: int,
+                   forward: _Producer, manifest: dict, bar, stats: dict, group: ExtractGroup, *, token_budget: int,
                    width: tuple[int, int], store_dtype, dtype: str) -> dict:
-    """Compute and write the shards of one split not in `done` (updated, with index.json after each shard); returns
-    the split's manifest entry."""
+    """Compute and write the shards of one split not in `done` (updated, with index.json after each round of one
+    shard per process); returns the split's manifest entry."""
     split_dir.mkdir(parents=True, exist_ok=True)
     todo = [p for p in plans if p.number not in done]
     producer = forward.open(manifest) if todo else None
-    write_json(split_dir / "index.json", store.split_index(split, plans, done))
-    columns = ds.select_columns(["id", "input_ids"])
-    for plan in todo:
-        bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
-        rows = columns[list(plan.rows)]
-        t0 = time.perf_counter()
-        aux, final, vstats = _compute_shard(plan, rows, producer.run_batch, bar, split=split,
-                                            token_budget=token_budget, width=width, store_dtype=store_dtype,
-                                            dtype=dtype, stats_fn=producer.stats)
-        t1 = time.perf_counter()
-        meta = {"format": store.FORMAT, "split": split, "shard": str(plan.number),
-                "layer_ids": ",".join(map(str, forward.ids)), "dtype": dtype}
-        path = split_dir / f"shard-{plan.number:05d}.safetensors"
-        done[plan.number] = store.write_shard(path, aux, final, plan, meta, vstats)
+    if group.is_main:
         write_json(split_dir / "index.json", store.split_index(split, plans, done))
-        stats["forward_s"] += t1 - t0
-        stats["write_s"] += time.perf_counter() - t1
-        stats["tokens"] += plan.num_tokens
+    columns = ds.select_columns(["id", "input_ids"])
+    for first in range(0, len(todo), group.world):
+        plan = todo[first + group.rank] if first + group.rank < len(todo) else None
+        entry = None
+        if plan is not None:
+            bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
+            rows = columns[list(plan.rows)]
+            t0 = time.perf_counter()
+            aux, final, vstats = compute_shard(plan, rows, producer.run_batch, bar, split=split,
+                                               token_budget=token_budget, width=width, store_dtype=store_dtype,
+                                               dtype=dtype, stats_fn=producer.stats)
+            t1 = time.perf_counter()
+            meta = {"format": store.FORMAT, "split": split, "shard": str(plan.number),
+                    "layer_ids": ",".join(map(str, forward.ids)), "dtype": dtype}
+            path = split_dir / f"shard-{plan.number:05d}.safetensors"
+            entry = (plan.number, store.write_shard(path, aux, final, plan, meta, vstats), plan.num_tokens)
+            stats["forward_s"] += t1 - t0
+            stats["write_s"] += time.perf_counter() - t1
+            stats["tokens"] += plan.num_tokens
+        for rank, got in enumerate(group.gather(entry)):
+            if got is not None:
+                done[got[0]] = got[1]
+                if rank != group.rank:
+                    bar.update(got[2])  # the other processes' tokens
+        if group.is_main:
+            write_json(split_dir / "index.json", store.split_index(split, plans, done))
     index = store.split_index(split, plans, done)
-    write_json(split_dir / "index.json", index)
+    if group.is_main:
+        write_json(split_dir / "index.json", index)
     return {"num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
             "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
             "complete": index["complete"]}
 
 
-def _compute_shard(plan: store.ShardPlan, rows: dict[str, list], compute, bar, *, split: str, token_budget: int,
-                   width: tuple[int, int], store_dtype, dtype: str, stats_fn=None):
-    """(aux [N, 3H], final [N, H], stats) of one shard's samples, in batches of at most `token_budget` padded tokens;
-    stats: (full-vocab argmax [N], logsumexp [N]) from `stats_fn` applied to the final state as stored, or None."""
-    import torch
-
-    from eagle3_train.hidden_states import fp8
-
-    for sid, seq, n in zip(rows["id"], rows["input_ids"], plan.lengths):
-        if len(seq) != n:
-            raise Eagle3InputError(f"sample id {sid!r} (split '{split}'): column 'length' says {n} but "
-                                   f"input_ids has {len(seq)} tokens")
-    aux = torch.empty((plan.num_tokens, width[0]), dtype=store_dtype)
-    final = torch.empty((plan.num_tokens, width[1]), dtype=store_dtype)
-    top = torch.empty(plan.num_tokens, dtype=torch.int32) if stats_fn else None
-    lse = torch.empty(plan.num_tokens, dtype=torch.float32) if stats_fn else None
-    row = 0
-    with torch.inference_mode():
-        for b0, b1 in plan_batches(plan.lengths, token_budget):
-            n_tok = sum(plan.lengths[b0:b1])
-            if n_tok:
-                a, f = compute(rows["input_ids"][b0:b1])
-                _check_finite(a, f, plan.lengths[b0:b1], rows["id"][b0:b1], split, dtype)
-                aux[row:row + n_tok] = a.cpu()
-                final[row:row + n_tok] = f.cpu()
-                if stats_fn is not None:  # from what training will read: fp8 is quantized per row, so per batch
-                    h = fp8.decode_rows(*fp8.encode_rows(f), torch.float32) if dtype == fp8.STORE_NAME else f.float()
-                    t, z = stats_fn(h)
-                    if not bool(torch.isfinite(z).all()):
-                        raise Eagle3InputError(f"the verifier's full-vocabulary logsumexp is NaN/Inf in a batch of "
-                                               f"split '{split}' (sample ids {rows['id'][b0]!r}..); check the "
-                                               f"verifier's lm_head weights")
-                    top[row:row + n_tok], lse[row:row + n_tok] = t.cpu(), z.cpu()
-            row += n_tok
-            bar.update(n_tok)
-    return aux, final, (None if stats_fn is None else (top, lse))
-
-
 def _throughput(stats: dict, producer: HiddenStateProducer, start: float, start_cpu: float, device: str,
-                compute_dtype: str | None, token_budget: int) -> dict:
+                compute_dtype: str | None, token_budget: int, processes: int) -> dict:
+    """The extraction loop's rate: tokens of every process over this one's wall time; CPU and memory: this one's."""
     import torch
 
     seconds = time.perf_counter() - start - producer.load_s  # throughput of the extraction loop, not the load
@@ -372,8 +357,8 @@ def _throughput(stats: dict, producer: HiddenStateProducer, start: float, start_
     if device.startswith("cuda"):
         peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return {
-        "tokens": stats["tokens"], "seconds": round(seconds, 3),
-        "tokens_per_s": round(stats["tokens"] / seconds, 1) if seconds > 0 else None,
+        "tokens": stats["tokens_all"], "seconds": round(seconds, 3), "processes": processes,
+        "tokens_per_s": round(stats["tokens_all"] / seconds, 1) if seconds > 0 else None,
         "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
         "load_seconds": round(producer.load_s, 3), "cpu_seconds": round(cpu_seconds, 3),
         "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
@@ -393,6 +378,8 @@ def main(args: argparse.Namespace) -> int:
                        vllm_options={"model": s.model, "concurrency": s.concurrency,
                                      "hidden_states_dir": s.hidden_states_dir})
     c, tp = manifest["counts"], manifest.get("throughput") or {}
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 reports for all
+        return 0
     print(f"{manifest['status']}: {c['samples']} samples, {c['tokens']} tokens, {resume.gib(c['bytes'])} in {s.out} "
           f"(layers {manifest['layer_ids']}, {manifest['dtype']}"
           + (f", {tp['tokens_per_s']} tokens/s" if tp.get("tokens_per_s") else "") + ")")

@@ -22,14 +22,6 @@ from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples, open_samples, open_validation
-from eagle3_train.train.distributed import (
-    all_reduce_gradients,
-    all_reduce_sum_,
-    barrier,
-    broadcast_parameters,
-    destroy,
-    init_device,
-)
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
@@ -42,6 +34,14 @@ from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.resume import check_resumable
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
+from eagle3_train.utils.distributed import (
+    all_reduce_gradients,
+    all_reduce_sum_,
+    barrier,
+    broadcast_parameters,
+    destroy,
+    init_device,
+)
 from eagle3_train.utils.host_memory import active_allocator, malloc_trim
 from eagle3_train.utils.io import Eagle3InputError, write_json
 from eagle3_train.utils.outputs import claim_output_dir, output_lock, set_aside
