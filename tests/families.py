@@ -92,7 +92,66 @@ def build_simulated_kimi(out: Path, tokenizer_dir: Path) -> Path:
     config = json.loads((out / "config.json").read_text())
     config.update(bos_token_id=48896, eos_token_id=48898)  # [BOS]; <|im_end|> ends a turn
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    # as Kimi's: engines stop a reply at the generation config's end token (the tokenizer's eos is [EOS])
+    generation = json.loads((out / "generation_config.json").read_text())
+    generation.update(bos_token_id=48896, eos_token_id=48898)
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out
+
+
+THOUGHT, ANSWER = "Let me weigh this.", "Here is my reply."  # what a taught simulated Kimi says to everything
+
+
+def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str, float]:
+    """Finetune a simulated Kimi in place until it answers every question the way a thinking model does:
+    `<think>THOUGHT</think>ANSWER<|im_end|>` (with thinking switched off, `ANSWER<|im_end|>` after the template's
+    `<think></think>`), on first and later turns. Random weights never close a `<think>`, so without this no turn of
+    a regenerated conversation would carry reasoning and an answer. Returns the loss before and after."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_train.assets.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model_dir, trust_remote_code=True)
+    rng = random.Random(seed)
+    words = "what why how rain tea clock bees winter bread river stone light music paper city road".split()
+
+    def example() -> tuple[list[int], list[int]]:
+        messages = []
+        for turn in range(rng.choice([1, 2, 3])):
+            if turn:
+                messages.append({"role": "assistant", "content": ANSWER})  # rendered without its thinking
+            messages.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(2, 10))) + "?"})
+        thinking = rng.random() < 0.75
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=thinking)
+        reply = (f"<think>{THOUGHT}</think>" if thinking else "") + f"{ANSWER}<|im_end|>"
+        p, r = (tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, reply))
+        return p + r, [-100] * len(p) + r
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.get_input_embeddings().requires_grad_(False)  # the layers learn it; 2 x 12.6M vocab rows need not move
+    model.get_output_embeddings().requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.0)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        batch = [example() for _ in range(8)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([x + [0] * (width - len(x)) for x, _ in batch])
+        labels = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x, _ in batch])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    config = (model_dir / "config.json").read_text()  # the fields vLLM reads stay as they were
+    model.to(torch.bfloat16).eval().save_pretrained(model_dir, safe_serialization=True)
+    (model_dir / "config.json").write_text(config)
+    return {"loss_first": losses[0], "loss_last": sum(losses[-10:]) / 10}
 
 
 if __name__ == "__main__":

@@ -104,7 +104,8 @@ class _Stats:
     truncated: int = 0
     cut_turns: int = 0  # turns that hit max_tokens (kept or dropped)
     tool_call_turns_kept: int = 0  # assistant turns that called tools, kept as given
-    # completion tokens split between reasoning and answer by their share of the text (usage does not split them)
+    # completion tokens split between reasoning and answer: as the server counted them (vLLM's usage
+    # completion_tokens_details.reasoning_tokens), else by their share of the text
     reasoning_tokens: float = 0.0
     answer_tokens: float = 0.0
 
@@ -226,7 +227,10 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
     msgs, reason = _normalize(messages)
     if reason:
         return None, {"id": conv_id, "reason": reason, "detail": ""}
-    extra = style.request_extra(sampling.reasoning)
+    # The text exactly as generated: vLLM (and SGLang) otherwise put a space on both sides of every special token when
+    # they detokenize with a remote-code (slow) tokenizer such as Kimi's, so a reply would come back as
+    # "  thought" / " answer" and train on tokens the model never produced (measured on the simulated Kimi).
+    extra = {"spaces_between_special_tokens": False, **(style.request_extra(sampling.reasoning) or {})}
     out: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     prefer: int | None = None  # keep a conversation on one endpoint: its prefix cache holds the earlier turns
@@ -259,7 +263,8 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
         content, reasoning = reply.content, reply.reasoning
         if reasoning is None:  # a server without a reasoning parser leaves <think> inline
             content, reasoning = split_inline_reasoning(content)
-        _count_text(stats, tokens, reasoning or "", content)
+        _count_text(stats, tokens, reasoning or "", content,
+                    (reply.usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
         if sampling.reasoning != "keep":
             reasoning = None
         cut = reply.finish_reason == "length"
@@ -310,9 +315,11 @@ def openai_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _count_text(stats: _Stats, tokens: int, reasoning: str, answer: str) -> None:
+def _count_text(stats: _Stats, tokens: int, reasoning: str, answer: str, counted: int | None = None) -> None:
     total = len(reasoning) + len(answer)
     share = len(reasoning) / total if total else 0.0
+    if counted is not None and tokens:
+        share = min(1.0, int(counted) / tokens)
     stats.reasoning_tokens += tokens * share
     stats.answer_tokens += tokens * (1 - share)
 
