@@ -10,6 +10,8 @@ first ShareGPT conversations) and `prompts.txt`. Parts:
   pipeline: prepare -> vocab -> extract (HF, --device cuda) -> train (bf16, TTT 3, stopped after 25 of 40 steps) ->
             train --resume (to 40) -> export eagle + speculators -> load both exports -> evaluate offline (cuda)
   torchrun: the same train stage under `torchrun --nproc_per_node 1`
+  extract-torchrun: the extract stage under `torchrun --nproc_per_node gpu` (a verifier replica per GPU, disjoint
+            shards, one store), its tensors compared with the single-process store's
   nccl:     under torchrun, the trainer's optimizer step with every collective going through an NCCL process group
             (one GPU: NCCL refuses two ranks on one device, so the group has one rank)
   bench:    benchmarks/gpu_train_throughput.py (Llama-3.1-8B and Kimi-K2 shapes, TTT 7 and 3, checkpointing on/off)
@@ -271,6 +273,21 @@ class Checker:
             raise CheckFailed(f"losses missing or not finite: {losses}")
         return {"losses": losses, "result": _last_json(output)}
 
+    def extract_torchrun_part(self) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                "gpu" if self.device.startswith("cuda") else "2", "-m", "eagle3_train.cli", "extract", "--prepared",
+                self.p("prepared"), "--verifier", str(self.verifier), "--out", self.p("hidden-ranks"), "--device",
+                self.device]
+        rc, output = self.sh(argv, 300, "extract-torchrun")
+        if rc != 0:
+            raise CheckFailed(f"exit {rc}: {_tail(output)}")
+        rc, output = self.sh([sys.executable, str(Path(__file__).resolve()), "compare-stores", "--src",
+                              self.p("hidden"), "--dst", self.p("hidden-ranks")], 120, "compare-stores")
+        if rc != 0:
+            raise CheckFailed(f"the stores differ (exit {rc}): {_tail(output)}")
+        m = json.loads((self.work / "hidden-ranks" / "manifest.json").read_text())
+        return {"processes": m.get("processes"), "throughput": m.get("throughput"), "compare": _last_json(output)}
+
     def nccl_part(self) -> dict[str, Any]:
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
                 str(Path(__file__).resolve()), "collectives", "--work", str(self.work), "--device", self.device]
@@ -303,6 +320,7 @@ class Checker:
         self.part("train-resume", self.resume_part, ("train",))
         self.part("export", self.export_part, ("train-resume",))
         self.part("torchrun", self.torchrun_part, ("vocab", "extract"))
+        self.part("extract-torchrun", self.extract_torchrun_part, ("extract",))
         self.part("collectives", self.nccl_part, ("vocab", "extract"))
         if not self.args.skip_bench:
             self.part("bench", self.bench_part)
@@ -314,6 +332,22 @@ class Checker:
 
 # --- helpers run in their own processes -----------------------------------------------------------------------------
 EMBED_SCALE = 8.0
+
+
+def compare_stores(a: Path, b: Path) -> None:
+    """Every shard of store `a` in store `b` with bit-identical tensors (prints the count as JSON; exit 1 if not)."""
+    from safetensors.torch import load_file
+
+    files = sorted(p.relative_to(a) for p in a.glob("*/shard-*.safetensors"))
+    differ = []
+    for f in files:
+        want = load_file(str(a / f))
+        got = load_file(str(b / f)) if (b / f).is_file() else {}
+        if want.keys() != got.keys() or not all(want[k].equal(got[k]) for k in want):
+            differ.append(str(f))
+    print(json.dumps({"shards": len(files), "differ": differ}))
+    if differ or not files:
+        sys.exit(1)
 
 
 def make_verifier(src: Path, dst: Path, layers: int | None) -> None:
@@ -450,7 +484,8 @@ def _tail(output: str | None, n: int = 1500) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "collectives", "evaluate"],
+    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "collectives", "evaluate",
+                                                 "compare-stores"],
                    help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpucheck-out"), help="results folder (default $OUT)")
     p.add_argument("--work", default="/tmp/gpucheck-work", help="scratch folder (deleted first)")
@@ -466,6 +501,9 @@ def main() -> int:
     args.device = args.device or ("cpu" if args.tiny else "cuda")
     if args.helper == "make-verifier":
         make_verifier(Path(args.src), Path(args.dst), args.layers)
+        return 0
+    if args.helper == "compare-stores":
+        compare_stores(Path(args.src), Path(args.dst))
         return 0
     if args.helper == "load-exports":
         load_exports(Path(args.work))
