@@ -35,11 +35,15 @@ $E3 extract --backend vllm --endpoint http://127.0.0.1:8432/v1 --hidden-states-d
     --prepared "$W/prepared" --verifier "$KIMI" --trust-remote-code --out "$W/hidden"
 kill $SERVER; wait $SERVER || true
 
-# 5. rehearse, then train
+# 5. rehearse, then train. The draft layer: the seed's Llama layer where vLLM on this CPU serves it beside an MLA
+#    verifier (AMX), else an MLA layer (without AMX vLLM's MLA and CPU attention caches share no block size)
+ARCH=${ARCH:-$(.venv/bin/python -c "import torch; print('llama' if torch.cpu._is_amx_tile_supported() else 'mla')")}
 $E3 train --prepared "$W/prepared" --hidden-states "$W/hidden" --vocab "$W/vocab" --verifier "$KIMI" \
-    --trust-remote-code --out "$W/train" --ttt-steps 3 --epochs 4 --token-budget 1024 --lr 2e-3 --dry-run
+    --trust-remote-code --out "$W/train" --ttt-steps 3 --epochs 4 --token-budget 1024 --lr 2e-3 --dry-run \
+    --architecture "$ARCH"
 $E3 train --prepared "$W/prepared" --hidden-states "$W/hidden" --vocab "$W/vocab" --verifier "$KIMI" \
-    --trust-remote-code --out "$W/train" --ttt-steps 3 --epochs 4 --token-budget 1024 --lr 2e-3
+    --trust-remote-code --out "$W/train" --ttt-steps 3 --epochs 4 --token-budget 1024 --lr 2e-3 \
+    --architecture "$ARCH"
 
 # 6. export, then acceptance offline and served by vLLM with EAGLE-3 (greedy output checked against no draft)
 $E3 export "$W/train" --out "$W/draft" --format eagle

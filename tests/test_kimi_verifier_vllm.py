@@ -15,7 +15,7 @@ import pytest
 import torch
 from families import build_simulated_kimi
 from test_kimi_tokenizer import CONVERSATION
-from vllm_helpers import require_vllm
+from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train import cli
 from eagle3_train.data.prepare import load_prepared, prepare
@@ -72,7 +72,8 @@ def kimi(tmp_path_factory, smollm2_dir):
                          "--trust-remote-code"]) == 0
     train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"),
                       vocab=str(root / "vocab"), out=str(root / "train"), ttt_steps=3, epochs=4, token_budget=1024,
-                      lr=2e-3, warmup_ratio=0.05, tensorboard=False, trust_remote_code=True))
+                      lr=2e-3, warmup_ratio=0.05, tensorboard=False, trust_remote_code=True,
+                      architecture=draft_beside_mla()))  # the Llama layer of the seed's draft where vLLM serves it
     export(root / "train", root / "draft", fmt="eagle")
     return {"root": root, "verifier": verifier, "rendered": rendered, "thinking": thinking}
 

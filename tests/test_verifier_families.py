@@ -21,7 +21,7 @@ import pytest
 import torch
 from families import build_tiny_verifier
 from transformers import AutoTokenizer
-from vllm_helpers import require_vllm
+from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train import cli
 from eagle3_train.assets.families import family_of
@@ -124,9 +124,12 @@ def run(request, tmp_path_factory, smollm2_dir) -> dict:
                          str(root / "prepared"), "--verifier", str(verifier), "--out", str(root / "vllm"),
                          "--dtype", "bfloat16", "--hidden-states-dir", str(srv.hidden_states_dir)]) == 0
         server_dtype = srv.dtype
+    # beside an MLA verifier, a Llama-layer draft where vLLM serves one on this CPU (test_mla_draft_vllm.py covers
+    # both layers and the refusal)
+    architecture = draft_beside_mla() if family == "deepseek_v3" else "llama"
     train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"), vocab=str(root / "vocab"),
                       out=str(root / "train"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3,
-                      warmup_ratio=0.05, tensorboard=False))
+                      warmup_ratio=0.05, tensorboard=False, architecture=architecture))
     export(root / "train", root / "draft", fmt="eagle")
     with VLLMServer(verifier, speculative=speculative_config(root / "draft", K), startup_matters=True,
                     log_path=root / "vllm-eagle3.log") as spec:

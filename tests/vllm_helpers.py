@@ -13,6 +13,19 @@ from safetensors.torch import save_file
 
 from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
+
+def attention_draft_beside_mla_served() -> bool:
+    """Whether vLLM 0.32 on this CPU serves a draft with ordinary attention (a Llama layer) beside an MLA verifier.
+    With AMX its MLA backend takes any KV block size; without (AVX512-BF16, AVX2 hosts) MLA caches in blocks of 16 and
+    CPU attention in multiples of 32, so the server cannot start (serving/vllm_server.py names the cause)."""
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def draft_beside_mla() -> str:
+    """The draft layer the tests serve beside an MLA verifier here: a Llama layer where vLLM serves it, else MLA."""
+    return "llama" if attention_draft_beside_mla_served() else "mla"
+
+
 # SmolLM2-135M shapes.
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 576, 9, 3, 64, 1536, 49152
 

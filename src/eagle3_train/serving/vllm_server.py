@@ -357,10 +357,23 @@ class VLLMServer:
         log.info("vLLM ready at %s after %.0f s", self.base_url, self.startup_s)
         return self
 
+    def _known_refusal(self) -> str | None:
+        """What a start-up failure that vLLM explains means for this tool's user, when we know it."""
+        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.is_file() else ""
+        if "No common block size" in text and "CPU_MLA" in text:
+            # vLLM 0.32 on a CPU without AMX: MLA caches in blocks of 16, its CPU attention in multiples of 32
+            return ("on this CPU vLLM cannot serve a draft with ordinary attention beside an MLA verifier: their KV "
+                    "caches need block sizes with nothing in common (MLA 16, CPU attention a multiple of 32); serve "
+                    "an MLA draft (train.architecture mla), or use a GPU or a CPU with AMX")
+        return None
+
     def _wait_ready(self, t0: float) -> None:
         assert self.proc is not None
         while True:
             if self.proc.poll() is not None:
+                known = self._known_refusal()
+                if known:
+                    raise Eagle3InputError(f"vLLM refused to start ({known}); log {self.log_path}")
                 raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during start-up "
                                    f"(log {self.log_path}); last lines:\n{self.log_tail()}")
             if _http_ok(self.root_url + "/health") and _http_ok(self.base_url + "/models"):
