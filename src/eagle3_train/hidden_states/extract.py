@@ -164,9 +164,9 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
             bar.close()
             forward.close(manifest)
 
-        stats["tokens_all"] = sum(s["tokens"] for s in group.gather({"tokens": stats["tokens"]}))
-        if stats["tokens_all"] and group.is_main:
-            manifest["throughput"] = _throughput(stats, forward.it, start, start_cpu, device, compute_dtype,
+        tokens = sum(group.gather(stats["tokens"]))  # of every process
+        if tokens and group.is_main:
+            manifest["throughput"] = _throughput(stats, tokens, forward.it, start, start_cpu, device, compute_dtype,
                                                  token_budget, group.world)
         manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
                               for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
@@ -345,8 +345,8 @@ def _extract_split(ds, split: str, plans: list[store.ShardPlan], done: dict[int,
             "complete": index["complete"]}
 
 
-def _throughput(stats: dict, producer: HiddenStateProducer, start: float, start_cpu: float, device: str,
-                compute_dtype: str | None, token_budget: int, processes: int) -> dict:
+def _throughput(stats: dict, tokens: int, producer: HiddenStateProducer, start: float, start_cpu: float,
+                device: str, compute_dtype: str | None, token_budget: int, processes: int) -> dict:
     """The extraction loop's rate: tokens of every process over this one's wall time; CPU and memory: this one's."""
     import torch
 
@@ -357,8 +357,8 @@ def _throughput(stats: dict, producer: HiddenStateProducer, start: float, start_
     if device.startswith("cuda"):
         peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
     return {
-        "tokens": stats["tokens_all"], "seconds": round(seconds, 3), "processes": processes,
-        "tokens_per_s": round(stats["tokens_all"] / seconds, 1) if seconds > 0 else None,
+        "tokens": tokens, "seconds": round(seconds, 3), "processes": processes,
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
         "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
         "load_seconds": round(producer.load_s, 3), "cpu_seconds": round(cpu_seconds, 3),
         "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}

@@ -10,11 +10,11 @@ between ranks, so the group is gloo on every device (multi-node included).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+from eagle3_train.utils.distributed import DistInfo, barrier, destroy, init_distributed
 from eagle3_train.utils.io import Eagle3InputError
 
 T = TypeVar("T")
@@ -24,22 +24,17 @@ class ExtractGroup:
     """The ranks of one extraction; a single process is a group of one (every call is then local)."""
 
     def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world > 1:  # threads per process: OMP_NUM_THREADS (torchrun sets 1 unless told otherwise)
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group(backend="gloo")
+        # gloo whatever the device (the "cpu" group); on a CPU the local processes share its cores
+        self.info: DistInfo = init_distributed("cpu")
+        self.world, self.rank = self.info.world_size, self.info.rank
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.info.is_main
 
     def device(self, device: str) -> str:
         """This rank's device: a CUDA device without an index is the local rank's GPU."""
-        return f"cuda:{self.local_rank}" if device == "cuda" and self.world > 1 else device
+        return f"cuda:{self.info.local_rank}" if device == "cuda" and self.world > 1 else device
 
     def on_main(self, fn: Callable[[], T]) -> T:
         """`fn()` on rank 0, its result on every rank; a clear error there is raised on every rank (none waits on a
@@ -75,9 +70,5 @@ class ExtractGroup:
         return out
 
     def close(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.barrier()
-                dist.destroy_process_group()
+        barrier(self.info)
+        destroy(self.info)
