@@ -100,13 +100,16 @@ def build_simulated_kimi(out: Path, tokenizer_dir: Path) -> Path:
 
 
 THOUGHT, ANSWER = "Let me weigh this.", "Here is my reply."  # what a taught simulated Kimi says to everything
+TOOL_THOUGHT = "I should look this up."  # the reasoning of the recorded tool calls in its agentic traces
 
 
 def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str, float]:
     """Finetune a simulated Kimi in place until it answers every question the way a thinking model does:
     `<think>THOUGHT</think>ANSWER<|im_end|>` (with thinking switched off, `ANSWER<|im_end|>` after the template's
-    `<think></think>`), on first and later turns. Random weights never close a `<think>`, so without this no turn of
-    a regenerated conversation would carry reasoning and an answer. Returns the loss before and after."""
+    `<think></think>`), on first and later turns and after a tool's result. Random weights never close a `<think>`,
+    so without this no turn of a regenerated conversation would carry reasoning and an answer. Returns the loss
+    before and after."""
+    import json
     import random
 
     import torch
@@ -124,6 +127,11 @@ def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str,
             if turn:
                 messages.append({"role": "assistant", "content": ANSWER})  # rendered without its thinking
             messages.append({"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(2, 10))) + "?"})
+        if rng.random() < 0.3:  # an agentic trace: the reply follows the result of a recorded tool call
+            call = {"id": "functions.lookup:0", "type": "function",
+                    "function": {"name": "lookup", "arguments": json.dumps({"q": rng.choice(words)})}}
+            messages += [{"role": "assistant", "content": "", "reasoning_content": TOOL_THOUGHT, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": rng.choice(words)}]
         thinking = rng.random() < 0.75
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=thinking)
         reply = (f"<think>{THOUGHT}</think>" if thinking else "") + f"{ANSWER}<|im_end|>"

@@ -295,12 +295,15 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
 
 def openai_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as an OpenAI chat request takes them: tool-call arguments as JSON text, every tool result naming its
-    call (a ShareGPT `observation` answers the calls before it in order), reasoning left out (templates render
-    history without it)."""
+    call (a ShareGPT `observation` answers the calls before it in order), and each turn's reasoning: the template
+    decides what of it to render (Kimi's and Qwen3's keep the thinking of the tool-call turns after the last user
+    turn), so every turn is generated from the prompt that `prepare` renders for it."""
     out: list[dict[str, Any]] = []
     pending: list[str] = []  # ids of the calls not yet answered
     for m in messages:
         msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if m.get("reasoning_content"):  # vLLM (0.32 checked) hands it to the template as `reasoning`
+            msg["reasoning_content"] = m["reasoning_content"]
         if m.get("tool_calls"):
             msg["tool_calls"] = [{**c, "function": {**c["function"], "arguments": c["function"]["arguments"]
                                                     if isinstance(c["function"]["arguments"], str)
