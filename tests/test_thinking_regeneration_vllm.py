@@ -17,12 +17,21 @@ import time
 
 import pytest
 from families import ANSWER, THOUGHT, TOOL_THOUGHT, build_simulated_kimi, teach_thinking
-from vllm_helpers import require_vllm
+from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train.assets.tokenizer import load_tokenizer
 from eagle3_train.data.prepare import load_prepared, prepare
+from eagle3_train.evaluate.offline import evaluate_offline
+from eagle3_train.evaluate.pipeline_eval import served_acceptance
+from eagle3_train.evaluate.prompts import load_prompts
+from eagle3_train.evaluate.report import format_table
+from eagle3_train.export.exporter import export
 from eagle3_train.generate.regenerate import recover_jsonl
+from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import VLLMServer
+from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.trainer import train
+from eagle3_train.vocab.build import build_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -139,3 +148,54 @@ def test_every_turn_was_generated_from_the_prompt_prepare_renders_for_it(regener
                 assert turn["usage"]["prompt_tokens"] == start, (cid, turn)
                 checked += 1
     assert checked == 2 * len(CONVERSATIONS)
+
+
+@pytest.fixture(scope="module")
+def judged(regenerated):
+    """A draft trained on the regenerated conversations, served beside the thinking verifier and judged on
+    MT-bench questions at temperature 0 and 1, with acceptance measured apart in the reasoning and in the answer."""
+    root, verifier = regenerated["root"], regenerated["verifier"]
+    build_vocab(root / "prepared", root / "vocab", size=1024)
+    extract(root / "prepared", verifier, root / "hidden", trust_remote_code=True)
+    train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"), vocab=str(root / "vocab"),
+                      out=str(root / "train"), ttt_steps=3, epochs=20, token_budget=512, lr=3e-3, warmup_ratio=0.05,
+                      tensorboard=False, trust_remote_code=True, architecture=draft_beside_mla()))
+    export(root / "train", root / "draft", fmt="eagle")
+    prompts = load_prompts("mt_bench", limit=6, turns=1)
+    served = served_acceptance(verifier, root / "draft", prompts, k=3, max_tokens=48, concurrency=2,
+                               log_dir=root, trust_remote_code=True, also_temperature=(1.0,))
+    offline = evaluate_offline(root / "draft", verifier, prompts, k=3, max_new_tokens=48, trust_remote_code=True)
+    return {"prompts": prompts, "served": served, "offline": offline}
+
+
+def test_served_acceptance_is_measured_in_the_reasoning_and_in_the_answer_at_two_temperatures(judged):
+    served, n = judged["served"], len(judged["prompts"])
+    whole = served["acceptance"]
+    # greedy, the taught verifier closes its reasoning in every reply; sampled, some replies wander off and end
+    # without closing it (named in the results)
+    assert whole["region_split"]["replies"] == {"closed": n, "cut_in_reasoning": 0, "without_closing": 0,
+                                                "error": 0}, whole["region_split"]
+    for t in ("0.0", "1.0"):
+        at = served["at_temperature"][t]
+        replies = at["region_split"]["replies"]
+        assert sum(replies.values()) == n and replies["error"] == 0 and replies["closed"] > 0, (t, replies)
+        for name, count in (("reasoning", n), ("answer", replies["closed"])):
+            r = at["by_region"][name]
+            print(f"[thinking] T {t} {name}: {r['mean_acceptance_length']:.3f} over {r['num_drafts']} drafts, "
+                  f"{r['replies']} replies")
+            assert r["replies"] == count and r["num_drafts"] > 0 and r["generated_tokens"] > 0, (t, name, r)
+            assert len(r["per_position_acceptance"]) == 3
+    regions = whole["by_region"]
+    # greedy: the reasoning pass repeats the whole replies' rounds up to </think>, the answer pass starts a round
+    # at </think>, so the two passes' drafts add up to the whole replies' within one round per reply
+    drafts = regions["reasoning"]["num_drafts"] + regions["answer"]["num_drafts"]
+    assert abs(drafts - whole["num_drafts"]) <= n, (drafts, whole["num_drafts"])
+    # the draft learned the verifier's one thought and one answer: greedy, both regions are well above a random
+    # draft's 1.0 (measured 2.50 and 3.00 here)
+    assert regions["reasoning"]["mean_acceptance_length"] > 1.5 and regions["answer"]["mean_acceptance_length"] > 1.5
+    offline = judged["offline"]["overall"]  # for the record: the offline evaluator's regions (rounds by their start)
+    by_region = {k: round(v["mean_acceptance_length"], 3) for k, v in offline["by_region"].items()}
+    print(f"[thinking] whole replies: vLLM {whole['mean_acceptance_length']:.3f}, offline "
+          f"{offline['mean_acceptance_length']:.3f}; offline by region {by_region}")
+    table = format_table(served)
+    assert table.count("in reasoning") == 2 and table.count("in answer") == 2, table

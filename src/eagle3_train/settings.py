@@ -318,6 +318,9 @@ class ServedEvalSettings(_SamplingSettings, _PromptSettings):
     max_tokens: int = setting(MAX_TOKENS, "new tokens per turn (a thinking model's answers: thousands)",
                               aliases=("--max-new-tokens",), valid=">= 1")
     concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
+    reasoning_split: bool | Literal["auto"] = setting(
+        "auto", "also measure acceptance inside a thinking model's reasoning and in its answer, a pass each over "
+        "the first turns (auto: when `</think>` is one token of the served tokenizer)")
     out: str | None = setting(None, "output dir: results.json and served_completions.jsonl")
     trust_remote_code: bool = setting(False, TRUST_HELP + " (the servers started with --draft)")
 

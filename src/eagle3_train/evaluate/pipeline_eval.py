@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
-from eagle3_train.evaluate.served import add_temperatures, evaluate_served, greedy_identical
+from eagle3_train.evaluate.served import acceptance_of, add_temperatures, evaluate_served, greedy_identical
 from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
@@ -57,11 +57,9 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
 
 
 def acceptance_summary(result: dict[str, Any]) -> dict[str, Any]:
-    acc = result.get("acceptance") or {}
-    return {"mean_acceptance_length": acc.get("mean_acceptance_length"),
-            "per_position_acceptance": acc.get("per_position_acceptance"),
-            "drafts": acc.get("num_drafts"), "tokens_per_s": result.get("tokens_per_s"),
-            "greedy_identical": result.get("greedy_identical"), "speedup": result.get("speedup"),
+    """The pipeline's line for one served draft: its acceptance, the greedy check, the speed-up, each temperature."""
+    return {**acceptance_of(result), "greedy_identical": result.get("greedy_identical"),
+            "speedup": result.get("speedup"),
             "at_temperature": {t: a["mean_acceptance_length"] for t, a in result.get("at_temperature", {}).items()}}
 
 

@@ -28,11 +28,14 @@ def acceptance_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     for name, s in ((results.get("overall") or {}).get("by_region") or {}).items():  # a thinking model's output
         rows.append((f"  in {name}", s))
     temperatures = results.get("at_temperature") or {}
+    served = []
     if not rows and len(temperatures) > 1:  # served at several temperatures: one row each
-        rows = [(f"{results.get('mode', 'served')} T={t}", s) for t, s in temperatures.items()]
+        served = [(f"{results.get('mode', 'served')} T={t}", s) for t, s in temperatures.items()]
     elif not rows and isinstance(results.get("acceptance"), dict):
-        rows.append((results.get("mode", "served"), {**results["acceptance"],
-                                                      "tokens_per_s": results.get("tokens_per_s")}))
+        served = [(results.get("mode", "served"),
+                   {**results["acceptance"], "tokens_per_s": results.get("tokens_per_s")})]
+    for label, s in served:  # each followed by its reasoning / answer rows (a thinking model)
+        rows += [(label, s)] + [(f"  in {name}", r) for name, r in (s.get("by_region") or {}).items()]
     return rows
 
 

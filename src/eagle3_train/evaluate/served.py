@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
+from eagle3_train.evaluate.served_regions import THINK_END, measure_regions, think_end_id
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
-from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_decode_counters
+from eagle3_train.serving.metrics import servers_counters
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, write_json
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output, has_file, json_says
@@ -89,18 +90,13 @@ def _throughput(completions: list[dict], wall: float) -> dict[str, Any]:
             "errors": sum("error" in c for c in completions)}
 
 
-def _counters(base_urls: list[str]):
-    """The spec-decode counters summed over the servers (each server's counters cover only its own requests)."""
-    return spec_decode_counters([s for url in base_urls for s in parse_prometheus(fetch_metrics(url))])
-
-
 def _measure(base_urls: list[str], model: str, prompts: list[EvalPrompt], max_tokens: int, concurrency: int,
              api_key: str, timeout_s: float, desc: str, temperature: float = 0.0,
              seed: int = 0) -> tuple[dict, list[dict]]:
-    before = _counters(base_urls)
+    before = servers_counters(base_urls)
     completions, wall = asyncio.run(_run_prompts(base_urls, model, prompts, max_tokens, concurrency, api_key,
                                                  timeout_s, desc, temperature, seed))
-    after = _counters(base_urls)
+    after = servers_counters(base_urls)
     stats = {"endpoint": base_urls[0] if len(base_urls) == 1 else base_urls, "model": model,
              **_throughput(completions, wall)}
     diff = after.since(before)
@@ -114,15 +110,17 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
                     max_tokens: int = ServedEvalSettings.max_tokens, concurrency: int = ServedEvalSettings.concurrency,
                     baseline_url: str | None = None, baseline_model: str | None = None, api_key: str = "EMPTY",
                     timeout_s: float = GenerateSettings.timeout_s, temperature: float = ServedEvalSettings.temperature,
-                    seed: int = ServedEvalSettings.seed) -> dict[str, Any]:
+                    seed: int = ServedEvalSettings.seed,
+                    reasoning_split: bool | str = ServedEvalSettings.reasoning_split) -> dict[str, Any]:
     """Acceptance and throughput of a speculative vLLM server (and optionally of a baseline without a draft).
 
     `base_url` may list several servers of the same verifier + draft: the prompts are spread over them and their
     counters summed.
     The counters are server-wide: run nothing else against the server meanwhile. The baseline is measured after
     the speculative run, not at the same time, so the two do not share the CPU/GPU.
-    Returns a dict with `acceptance` (None when the server has no spec-decode counters), throughput, `baseline`,
-    `speedup`, `greedy_identical` (temperature 0 only), and the texts in `completions` / `baseline_completions`.
+    Returns a dict with `acceptance` (None when the server has no spec-decode counters; with `by_region` for a
+    thinking model, see `served_regions`), throughput, `baseline`, `speedup`, `greedy_identical` (temperature 0
+    only), and the texts in `completions` / `baseline_completions`.
     """
     if not prompts:
         raise Eagle3InputError("no prompts to evaluate")
@@ -142,6 +140,12 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
         a = result["acceptance"]
         log.info("mean acceptance length %.3f, per position %s", a["mean_acceptance_length"] or 0,
                  [round(x, 3) for x in a["per_position_acceptance"] or []])
+        split = _split_by_region(urls, model, prompts, reasoning_split, max_tokens=max_tokens,
+                                 concurrency=concurrency, api_key=api_key, timeout_s=timeout_s,
+                                 temperature=temperature, seed=seed)
+        if split:
+            a["by_region"] = split.pop("by_region")
+            a["region_split"] = split
     result["completions"] = completions
     if baseline_url:
         base_stats, base_completions = _measure([baseline_url], baseline_model or model, prompts, max_tokens,
@@ -155,11 +159,30 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     return result
 
 
-def _acceptance_of(result: dict[str, Any]) -> dict[str, Any]:
-    """What one temperature's pass measured: acceptance (mean length, per position) and throughput."""
+def _split_by_region(urls: list[str], model: str, prompts: list[EvalPrompt], split: bool | str, *, temperature: float,
+                     seed: int, **kwargs: Any) -> dict[str, Any] | None:
+    """Acceptance in a thinking model's reasoning and in its answer (`served_regions`); None when not asked for or
+    (`auto`) when the served tokenizer has no one-token `</think>`."""
+    if split is False:
+        return None
+    end_id = think_end_id(urls[0], model, kwargs["api_key"])
+    if end_id is None:
+        if split is True:
+            raise Eagle3InputError(f"reasoning_split: {THINK_END!r} is not one token of {model}'s tokenizer, so its "
+                                   f"replies have no reasoning to measure apart (set reasoning_split: auto or false)")
+        return None
+    seeds = [request_seed(seed, i, 0) if temperature > 0 else None for i in range(len(prompts))]
+    return measure_regions(urls, model, [[{"role": "user", "content": p.turns[0]}] for p in prompts], seeds, end_id,
+                           temperature=temperature, **kwargs)
+
+
+def acceptance_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What one temperature's pass measured: acceptance (mean length, per position, by region for a thinking model)
+    and throughput."""
     acc = result.get("acceptance") or {}
     return {"mean_acceptance_length": acc.get("mean_acceptance_length"),
             "per_position_acceptance": acc.get("per_position_acceptance"), "num_drafts": acc.get("num_drafts"),
+            **{key: acc[key] for key in ("by_region", "region_split") if acc.get(key)},
             "generated_tokens": result.get("generated_tokens"), "tokens_per_s": result.get("tokens_per_s")}
 
 
@@ -168,9 +191,9 @@ def add_temperatures(result: dict[str, Any], base_url: str | list[str], model: s
     """`result["at_temperature"]`: the acceptance `result` measured, then again at each of `temperatures` on the same
     server and prompts (a thinking model is served sampled: its draft is judged there too; the draft server alone,
     since outputs are compared with a baseline at temperature 0 only)."""
-    result["at_temperature"] = {str(result["temperature"]): _acceptance_of(result)}
+    result["at_temperature"] = {str(result["temperature"]): acceptance_of(result)}
     for t in temperatures:
-        result["at_temperature"][str(t)] = _acceptance_of(evaluate_served(base_url, model, prompts, temperature=t,
+        result["at_temperature"][str(t)] = acceptance_of(evaluate_served(base_url, model, prompts, temperature=t,
                                                                           **kwargs))
 
 
@@ -269,9 +292,9 @@ def _run_served(s: ServedEvalSettings) -> dict[str, Any]:
         model = s.model or _served_model(endpoints[0])
         result = evaluate_served(endpoints, model, prompts, max_tokens=s.max_tokens, concurrency=s.concurrency,
                                  baseline_url=baseline, baseline_model=_served_model(baseline) if baseline else None,
-                                 temperature=s.temperature, seed=s.seed)
+                                 temperature=s.temperature, seed=s.seed, reasoning_split=s.reasoning_split)
         add_temperatures(result, endpoints, model, prompts, s.also_temperature, max_tokens=s.max_tokens,
-                         concurrency=s.concurrency, seed=s.seed)
+                         concurrency=s.concurrency, seed=s.seed, reasoning_split=s.reasoning_split)
     result["draft"] = s.draft
     result["servers_started"] = servers
     if mismatch:

@@ -57,6 +57,10 @@ class ChatReply:
     endpoint: int
     latency_s: float
     tool_calls: list[dict[str, Any]] | None = None  # parsed by the server's tool-call parser, when it has one
+    # vLLM's `return_token_ids`: the rendered prompt and the generated tokens as ids (None when not asked or not sent)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    stop_reason: int | str | None = None  # vLLM: the stop token id or string that ended the reply
 
 
 @dataclass
@@ -91,6 +95,11 @@ def _reasoning_of(message: Any) -> str | None:
         if value:
             return str(value)
     return None
+
+
+def _extra(obj: Any, key: str) -> Any:
+    """A field an OpenAI-compatible server adds to the response (kept by the client's models as extras)."""
+    return getattr(obj, key, None) if hasattr(obj, key) else (getattr(obj, "model_extra", None) or {}).get(key)
 
 
 class ChatPool:
@@ -182,18 +191,22 @@ class ChatPool:
             calls = [c.model_dump(include={"id", "type", "function"}) for c in choice.message.tool_calls or []]
             return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
                              finish_reason=choice.finish_reason, usage=usage, endpoint=i,
-                             latency_s=time.monotonic() - t0, tool_calls=calls or None)
+                             latency_s=time.monotonic() - t0, tool_calls=calls or None,
+                             prompt_token_ids=_extra(r, "prompt_token_ids"), token_ids=_extra(choice, "token_ids"),
+                             stop_reason=_extra(choice, "stop_reason"))
 
         return await self._with_retries(send, prefer)
 
     async def complete_tokens(self, prompt_token_ids: list[int], *, prefer: int | None = None, max_tokens: int = 1,
+                              temperature: float = 0.0, seed: int | None = None,
                               extra_body: dict[str, Any] | None = None) -> tuple[dict[str, Any], int]:
         """One /completions request whose prompt is token ids (the server does not tokenize); returns the whole
         response as a dict (with server-specific fields such as vLLM's `kv_transfer_params`) and the endpoint used."""
+        sampling: dict[str, Any] = {"temperature": temperature, **({"seed": seed} if seed is not None else {})}
 
         async def send(ep: _Endpoint, i: int, t0: float) -> tuple[dict[str, Any], int]:
             r = await ep.client.completions.create(model=self.model, prompt=prompt_token_ids, max_tokens=max_tokens,
-                                                   temperature=0.0, extra_body=extra_body or None)
+                                                   extra_body=extra_body or None, **sampling)
             return r.model_dump(), i
 
         return await self._with_retries(send, prefer)

@@ -2,9 +2,9 @@
 parsed by `prometheus_client`).
 
 Python API: `fetch_metrics(base_url) -> str`, `parse_prometheus(text) -> list[Sample]`,
-`spec_decode_counters(samples) -> SpecDecodeCounters`, `SpecDecodeCounters.since(before)` (difference of two
-snapshots), `.summary()` (acceptance length, per-position rates), `kv_cache_tokens(samples)` (what the server's KV
-cache holds, from `vllm:cache_config_info`).
+`spec_decode_counters(samples) -> SpecDecodeCounters` (`servers_counters(urls)`: summed over servers),
+`SpecDecodeCounters.since(before)` (difference of two snapshots), `.summary()` (acceptance length, per-position
+rates), `kv_cache_tokens(samples)` (what the server's KV cache holds, from `vllm:cache_config_info`).
 
 vLLM's counter names: `vllm:spec_decode_num_drafts`, `vllm:spec_decode_num_draft_tokens`,
 `vllm:spec_decode_num_accepted_tokens`, `vllm:spec_decode_num_accepted_tokens_per_pos{position="i"}` — exposed
@@ -146,6 +146,11 @@ def spec_decode_counters(samples: list[Sample]) -> SpecDecodeCounters:
     out.accepted_per_pos = dict(sorted(per_pos.items()))
     out.generation_tokens = counter_total(samples, GENERATION_TOKENS)
     return out
+
+
+def servers_counters(base_urls: list[str]) -> SpecDecodeCounters:
+    """The spec-decode counters summed over the servers (each server's counters cover only its own requests)."""
+    return spec_decode_counters([s for url in base_urls for s in parse_prometheus(fetch_metrics(url))])
 
 
 def kv_cache_tokens(samples: list[Sample]) -> int | None:
