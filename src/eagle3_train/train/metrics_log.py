@@ -18,9 +18,12 @@ class MetricsLog:
         self.lines = 0  # lines in metrics.jsonl: a checkpoint records them, a resume keeps exactly those
         self.writer = None
 
-    def open_tensorboard(self, step: int) -> None:
-        """From `step` on: TensorBoard drops the events a killed run logged at or after it (they are logged again)."""
-        if self.active:
+    def start(self, step: int, tensorboard: bool) -> None:
+        """Training starts (or resumes) at `step`: a fresh start drops what a run killed before its first checkpoint
+        logged; TensorBoard drops the events a killed run logged at or after `step` (they are logged again)."""
+        if step == 0:
+            self.keep_until(0, 0)
+        if self.active and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tensorboard"), purge_step=step)

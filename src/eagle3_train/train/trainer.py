@@ -313,12 +313,9 @@ class Trainer:
                 raise Eagle3InputError(f"{self.out} already holds checkpoints: pass --resume to continue that run, "
                                        f"--overwrite to set it aside and start over, or choose another --out")
             self._set_aside()
-        if self.step == 0:  # a fresh start: what a run killed before its first checkpoint logged goes
-            self.metrics.keep_until(0, 0)
+        self.metrics.start(self.step, cfg.tensorboard)
         if self.info.is_main:
             write_json(self.out / "training_metadata.json", self.metadata("running"))
-        if cfg.tensorboard:
-            self.metrics.open_tensorboard(self.step)
         bar = progress(total=self.total_steps, desc="train", unit="step", initial=self.step,
                        disable=not self.info.is_main)
         t0, tok0 = time.time(), self.tokens_seen
