@@ -20,6 +20,25 @@ PROMPTS = [EvalPrompt("p0", "mini", ["What is the capital of France?", "And of I
            EvalPrompt("p2", "mini", ["Say hello in Spanish."])]
 
 
+def test_a_reasoning_pass_reply_is_classed_by_how_it_ended():
+    """Where the answer pass continues from: the prompt, the reasoning and `</think>` (id 9 here), whether the server
+    returned `</think>` among the ids or only as the stop reason; no continuation for a reply cut inside its
+    reasoning or ended without closing it; a server that returns no ids cannot be split."""
+    from eagle3_train.evaluate.served_regions import _reasoning_ids
+    from eagle3_train.serving.client import ChatReply
+
+    def reply(ids, finish="stop", stop_reason=None, prompt=(1, 2)):
+        return ChatReply("", None, finish, {}, 0, 0.0, prompt_token_ids=list(prompt) if prompt else None,
+                         token_ids=ids, stop_reason=stop_reason)
+
+    assert _reasoning_ids(reply([5, 6, 9]), 9) == ("closed", [1, 2, 5, 6, 9])
+    assert _reasoning_ids(reply([5, 6], stop_reason=9), 9) == ("closed", [1, 2, 5, 6, 9])
+    assert _reasoning_ids(reply([5, 6], finish="length"), 9) == ("cut_in_reasoning", None)
+    assert _reasoning_ids(reply([5, 6, 2]), 9) == ("without_closing", None)
+    with pytest.raises(Eagle3InputError, match="return_token_ids"):
+        _reasoning_ids(reply(None, prompt=None), 9)
+
+
 def test_root_url_and_cli_options():
     assert root_url("http://h:1/v1/") == "http://h:1" and root_url("http://h:1") == "http://h:1"
     p = argparse.ArgumentParser()
@@ -66,6 +85,11 @@ def test_served_acceptance_with_random_draft_and_identical_greedy_output(servers
     assert r["greedy_identical"] == {"identical": 3, "compared": 3, "differing_ids": []}
     assert [len(c["outputs"]) for c in r["completions"]] == [2, 1, 1]
     assert r["baseline"]["speculative"] is False and r["speedup"] > 0
+    # SmolLM2 does not think (`</think>` is several tokens): no reasoning split unless asked, and asking is refused
+    # before a prompt is sent
+    assert "by_region" not in acc and "region_split" not in acc
+    with pytest.raises(Eagle3InputError, match="not one token"):
+        evaluate_served([spec.base_url], spec.model_name, PROMPTS, max_tokens=16, reasoning_split=True)
 
 
 @pytest.mark.slow

@@ -128,6 +128,7 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     check_at_least("temperature", temperature, 0)
     urls = [base_url] if isinstance(base_url, str) else list(base_url)
     sampling = (temperature, seed)
+    end_id = _think_end(urls, model, reasoning_split, api_key)
     stats, completions = _measure(urls, model, prompts, max_tokens, concurrency, api_key, timeout_s, "served",
                                   *sampling)
     if not stats["speculative"]:
@@ -140,10 +141,11 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
         a = result["acceptance"]
         log.info("mean acceptance length %.3f, per position %s", a["mean_acceptance_length"] or 0,
                  [round(x, 3) for x in a["per_position_acceptance"] or []])
-        split = _split_by_region(urls, model, prompts, reasoning_split, max_tokens=max_tokens,
-                                 concurrency=concurrency, api_key=api_key, timeout_s=timeout_s,
-                                 temperature=temperature, seed=seed)
-        if split:
+        if end_id is not None:  # each region by a pass of its own, on the first turns
+            seeds = [request_seed(seed, i, 0) if temperature > 0 else None for i in range(len(prompts))]
+            split = measure_regions(urls, model, [[{"role": "user", "content": p.turns[0]}] for p in prompts], seeds,
+                                    end_id, max_tokens=max_tokens, concurrency=concurrency, temperature=temperature,
+                                    api_key=api_key, timeout_s=timeout_s)
             a["by_region"] = split.pop("by_region")
             a["region_split"] = split
     result["completions"] = completions
@@ -159,21 +161,23 @@ def evaluate_served(base_url: str | list[str], model: str, prompts: list[EvalPro
     return result
 
 
-def _split_by_region(urls: list[str], model: str, prompts: list[EvalPrompt], split: bool | str, *, temperature: float,
-                     seed: int, **kwargs: Any) -> dict[str, Any] | None:
-    """Acceptance in a thinking model's reasoning and in its answer (`served_regions`); None when not asked for or
-    (`auto`) when the served tokenizer has no one-token `</think>`."""
+def _think_end(urls: list[str], model: str, split: bool | str, api_key: str) -> int | None:
+    """The `</think>` id when acceptance is measured by region (`served_regions`): None when not asked for, or
+    (`auto`) when the served tokenizer has no one-token `</think>` or the server no /tokenize. Asked before any
+    prompt is sent, so `reasoning_split: true` on a model that does not think costs nothing."""
     if split is False:
         return None
-    end_id = think_end_id(urls[0], model, kwargs["api_key"])
-    if end_id is None:
+    try:
+        end_id = think_end_id(urls[0], model, api_key)
+    except Eagle3InputError as e:
         if split is True:
-            raise Eagle3InputError(f"reasoning_split: {THINK_END!r} is not one token of {model}'s tokenizer, so its "
-                                   f"replies have no reasoning to measure apart (set reasoning_split: auto or false)")
+            raise
+        log.warning("no reasoning split: %s", e)  # auto: a server without vLLM's /tokenize is judged whole
         return None
-    seeds = [request_seed(seed, i, 0) if temperature > 0 else None for i in range(len(prompts))]
-    return measure_regions(urls, model, [[{"role": "user", "content": p.turns[0]}] for p in prompts], seeds, end_id,
-                           temperature=temperature, **kwargs)
+    if end_id is None and split is True:
+        raise Eagle3InputError(f"reasoning_split: {THINK_END!r} is not one token of {model}'s tokenizer, so its "
+                               f"replies have no reasoning to measure apart (set reasoning_split: auto or false)")
+    return end_id
 
 
 def acceptance_of(result: dict[str, Any]) -> dict[str, Any]:
