@@ -34,11 +34,14 @@ def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
         export(runs[1], tmp_path / "x", fmt="eagle", engine="sglang")
     assert not (tmp_path / "x").exists()
     assert cli.main(["export", str(runs[1]), "--out", str(tmp_path / "y"), "--for", "sglang"]) == 2
-    assert "norm_output=true" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # SGLang reads norm_output from PR #24663 on: a need of older releases, not a reason it serves the draft wrong
+    assert "norm_before_fc=true" in err and "norm_output=true" not in err
     # Without --for the export is written, with the verdict recorded and shown by inspect.
     r = export(runs[1], tmp_path / "spec", fmt="speculators", verifier="some/verifier", engine="vllm")
     sg, vl = r["engines"]["sglang"], r["engines"]["vllm"]
     assert not sg["serves_as_trained"] and any("speculators format" in x for x in sg["reasons"])
+    assert [x.split(":")[0] for x in sg["older_releases_need"]] == ["norm_output"]
     assert vl["serves_as_trained"] and any("#46488" in x for x in vl["older_releases_need"])
     text = format_report(inspect_checkpoint(tmp_path / "spec"))
     assert "sglang: NOT as trained" in text and "vllm: serves it as trained" in text

@@ -3,7 +3,9 @@
 A draft whose options an engine ignores still loads there and serves silently wrong (low acceptance, no error), so
 the export records this verdict, `inspect` shows it and `export --for ENGINE` refuses a draft that ENGINE would serve
 wrong. Facts (see ../shared/reference/checkpoint-formats.md): SGLang's EAGLE-3 loader reads only the original layout
-(`LlamaForCausalLMEagle3`, one layer, `norm_before_residual` false) and none of the "Eagle 3.1" options; vLLM reads
+(`LlamaForCausalLMEagle3`, one layer, `norm_before_residual` false) and of the "Eagle 3.1" options only `norm_output`,
+from SGLang PR #24663 (merged 2026-05-08) on: SpecForge PR #879 aligned its own `norm_output` with the one SGLang's
+`llama_eagle3.py` reads (default false). No SGLang source read here reads `fc_norm` or `norm_before_fc`; vLLM reads
 them all in the model code, but in the speculators format each option must also be propagated from the speculators
 config (vLLM PR #38111 for norm_before_fc, #42764 for norm_output/fc_norm, #46488 for norm_output in speculators
 configs), so older vLLM releases drop them there; before #42764 the model code itself ignored norm_output (and
@@ -27,6 +29,8 @@ _VLLM_SPECULATORS_NEEDS = {"norm_before_fc": "vLLM PR #38111", "fc_norm": "vLLM 
 # option -> the vLLM change from which the model code reads it at all (any format)
 _VLLM_MODEL_CODE_NEEDS = {"fc_norm": "vLLM PR #42764", "norm_output": "vLLM PR #42764"}
 _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
+# option -> the SGLang change from which its loader reads it (read from the sources cited, not served here)
+_SGLANG_NEEDS = {"norm_output": "SGLang PR #24663 (cited by SpecForge PR #879; not served here)"}
 
 
 def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None) -> dict[str, dict[str, Any]]:
@@ -50,7 +54,8 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
                       f"loads the later ones from its own names (additional_layers.*) and wiring, not ours")
     if cfg.norm_before_residual:
         sglang.append("norm_before_residual=true: SGLang implements only false")
-    sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if getattr(cfg, o)]
+    sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if o not in _SGLANG_NEEDS and getattr(cfg, o)]
+    sglang_needs = [f"{o}: {_SGLANG_NEEDS[o]}" for o in _SGLANG_NEEDS if getattr(cfg, o)]
     if cfg.architecture == "mla":
         sglang.append("an MLA (DeepSeek-V3) layer: SGLang's loading of MLA EAGLE-3 drafts is not verified here")
     if fmt == "speculators":
@@ -64,7 +69,7 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
     return {
         "vllm": {"serves_as_trained": not vllm, "reasons": vllm, "verified_with": VLLM_VERIFIED,
                  "older_releases_need": needs},
-        "sglang": {"serves_as_trained": not sglang, "reasons": sglang},
+        "sglang": {"serves_as_trained": not sglang, "reasons": sglang, "older_releases_need": sglang_needs},
     }
 
 
