@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from train_throughput import OUT, build_data
+from common import BASE, OUT, build_data
 
 from eagle3_train.evaluate.pipeline_eval import acceptance_summary, served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
@@ -30,8 +30,6 @@ from eagle3_train.utils.io import read_json, write_json
 from eagle3_train.utils.settings import parse_set
 
 RESULTS = OUT.parent / "equal_budget_acceptance.json"
-BASE = dict(ttt_steps=3, epochs=3, token_budget=2048, lr=5e-4, warmup_ratio=0.05, grad_clip=0.5, seed=0,
-            log_every=20, tensorboard=False)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

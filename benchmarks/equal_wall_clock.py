@@ -27,8 +27,16 @@ import sys
 import time
 from pathlib import Path
 
-from side_by_side import MEASURES, curve_speculators, ours_train_rows, serve, spec_train_steps
-from train_throughput import build_data
+from common import (
+    MEASURES,
+    WALL_CLOCK_BEST,
+    build_data,
+    curve_speculators,
+    ours_command,
+    ours_train_rows,
+    serve,
+    spec_train_steps,
+)
 
 from eagle3_train.utils.io import read_json, write_json
 
@@ -37,24 +45,6 @@ WORK = HERE / "out" / "wall_clock"
 DATA = WORK / "data"
 SPEC = WORK / "speculators"
 RESULTS = HERE / "out" / "equal_wall_clock.json"
-OURS_BEST = ["precision=bf16", "checkpoint_loss=false", "checkpoint_mlp=false", "lr=0.002"]
-TRAIN = dict(ttt_steps=3, token_budget=2048, warmup_ratio=0.05, grad_clip=0.5, seed=0, tensorboard=False)
-
-
-def ours_command(out: Path, overrides: list[str], max_steps: int, save_every: int | None,
-                 log_every: int = 5, data: Path | None = None) -> list[str]:
-    """Our train command on the pool (`data`, default this run's DATA) with the equal wall-clock settings."""
-    data = data or DATA
-    cmd = [sys.executable, "-m", "eagle3_train.cli", "train", "--prepared", str(data / "prepared"),
-           "--hidden-states", str(data / "hidden"), "--vocab", str(data / "vocab"), "--out", str(out), "--overwrite"]
-    settings = {**TRAIN, "epochs": 1000, "max_steps": max_steps, "log_every": log_every, "keep_last": 100,
-                "save_every": save_every}
-    for k, v in settings.items():
-        if v is not None:
-            cmd += ["--set", f"train.{k}={str(v).lower() if isinstance(v, bool) else v}"]
-    for o in overrides:
-        cmd += ["--set", f"train.{o}"]
-    return cmd
 
 
 def spec_epochs(max_steps: int) -> int:
@@ -197,7 +187,7 @@ def main() -> None:
     p.add_argument("--probe-steps", type=int, default=10)
     p.add_argument("--num-prompts", type=int, default=80)
     p.add_argument("--ours", action="append", default=None, metavar="KEY=VALUE",
-                   help=f"our train overrides (default: {' '.join(OURS_BEST)})")
+                   help=f"our train overrides (default: {' '.join(WALL_CLOCK_BEST)})")
     p.add_argument("--anchor", type=Path, default=HERE / "speculators_harness")
     p.add_argument("--venv", type=Path, default=Path("/tmp/anchors/specvenv"))
     p.add_argument("--serve-only", action="store_true", help="measure the drafts of an earlier run")
@@ -210,7 +200,7 @@ def main() -> None:
     args = p.parse_args()
     WORK, RESULTS = args.work.resolve(), args.results.resolve()
     DATA, SPEC = WORK / "data", WORK / "speculators"
-    overrides = args.ours or OURS_BEST
+    overrides = args.ours or WALL_CLOCK_BEST
     if not args.serve_only:
         build_data(args.limit, DATA)
     results = read_json(RESULTS) if args.serve_only else {
@@ -227,7 +217,7 @@ def main() -> None:
             return
         print("probe: both trainers side by side ...", flush=True)
         if not ((WORK / "probe-ours" / "final").is_dir() and (SPEC / "runs" / "probe" / "summary.json").is_file()):
-            side_by_side(ours_command(WORK / "probe-ours", overrides, args.probe_steps, None, log_every=2),
+            side_by_side(ours_command(WORK / "probe-ours", overrides, args.probe_steps, None, log_every=2, data=DATA),
                          WORK / "probe-ours.log", ["bash", str(args.anchor / "bench.sh")],
                          spec_env(args.anchor, args.venv, "probe", args.probe_steps + 1, 1), WORK / "probe-spec.log")
         (o_rate, o_step), (s_rate, s_step) = ours_rate(WORK / "probe-ours" / "metrics.jsonl"), spec_rate("probe")
@@ -245,15 +235,16 @@ def main() -> None:
         if not (WORK / "runs.json").is_file():  # (wall time and peak RSS of each process; written by hand if the
             # two ran apart, e.g. ours restarted with a budget set by hand)
             write_json(WORK / "runs.json", side_by_side(
-                ours_command(WORK / "ours", overrides, o_steps, max(1, o_steps // 3)), WORK / "ours.log", spec_cmd,
-                spec_env(args.anchor, args.venv, "wall", s_steps, 1), WORK / "spec.log"))
+                ours_command(WORK / "ours", overrides, o_steps, max(1, o_steps // 3), data=DATA), WORK / "ours.log",
+                spec_cmd, spec_env(args.anchor, args.venv, "wall", s_steps, 1), WORK / "spec.log"))
         runs = read_json(WORK / "runs.json")
         s = spec_summary("wall")
         train_meta = read_json(WORK / "ours" / "training_metadata.json")
         o_rate, _ = ours_rate(WORK / "ours" / "metrics.jsonl")
         results["ours"] = {**runs["ours"], "steps": o_steps, "tokens_per_s": round(o_rate, 1),
                            "metrics": str(WORK / "ours" / "metrics.jsonl"),
-                           "command": " ".join(ours_command(WORK / "ours", overrides, o_steps, max(1, o_steps // 3))),
+                           "command": " ".join(ours_command(WORK / "ours", overrides, o_steps,
+                                                            max(1, o_steps // 3), data=DATA)),
                            "final": train_meta.get("final", {})}
         results["speculators"] = {**runs["speculators"], "steps": s["train_steps"],
                                   "tokens_per_s": s["train_tokens_per_s_excl_first_step"],

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -28,19 +27,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import build_prepared, machine  # noqa: E402
+
 VARIANTS = ("extract", "bare", "naive")
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    import torch
-
-    info = {"nproc": len(os.sched_getaffinity(0)), "cpu_model": cpu, "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
 
 
 def peak_memory(device: str) -> dict:
@@ -139,16 +129,6 @@ def run_variant(args) -> dict:
             "tokens_per_s": round(tokens / loop, 1), "cpu_s": round(cpu, 3),
             "tokens_per_cpu_s": round(tokens / cpu, 1), "wall_s": round(time.perf_counter() - t0, 2),
             "rss_after_load_mib": rss_loaded, **peak_memory(device)}
-
-
-def build_prepared(work: Path, samples: int, max_length: int, verifier: str) -> Path:
-    from eagle3_train.data.prepare import prepare
-
-    out = work / "prepared"
-    shutil.rmtree(out, ignore_errors=True)
-    # val_count=5: both splits exist; all samples are extracted (train + validation).
-    prepare("sharegpt", verifier, out, max_length=max_length, limit=samples, val_count=5)
-    return out
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from extract_throughput import build_prepared, machine  # noqa: E402
+from common import build_prepared, machine  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

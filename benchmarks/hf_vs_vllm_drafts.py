@@ -3,7 +3,7 @@ acceptance as one trained on the HF backend's, same data, seed and settings.
 
 The HF side is `side_by_side.py`'s eagle3-train draft (run that first: `--only ours`); this script extracts the same
 prepared rows through one vLLM hidden-state server, trains with the same settings, exports in the speculators format
-and serves both drafts with the same prompts (`side_by_side.serve`).
+and serves both drafts with the same prompts (`common.serve`).
 
   .venv/bin/python benchmarks/hf_vs_vllm_drafts.py --num-prompts 40
 Results: benchmarks/out/hf_vs_vllm_drafts.json
@@ -15,8 +15,8 @@ import argparse
 import json
 import time
 
-import side_by_side as sbs
-import train_throughput as data
+import common as data
+from common import HERE, MEASURES, serve
 
 from eagle3_train.export.exporter import export
 from eagle3_train.hidden_states.extract import extract
@@ -26,7 +26,8 @@ from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import read_json, write_json
 
-WORK = sbs.WORK / "vllm-states"
+SIDE_BY_SIDE = HERE / "out" / "side_by_side.json"  # side_by_side.py's results (its HF-states draft)
+WORK = HERE / "out" / "side_by_side" / "vllm-states"
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=40)
     p.add_argument("--concurrency", type=int, default=8)
     args = p.parse_args()
-    earlier = read_json(sbs.RESULTS)
+    earlier = read_json(SIDE_BY_SIDE)
     hf = earlier.get("ours")
     if not hf:
         raise SystemExit("run `side_by_side.py --only ours` first: it trains and serves the HF-states draft")
@@ -54,13 +55,13 @@ def main() -> None:
                                                   vocab=str(data.OUT / "vocab"), out=str(WORK / "train"),
                                                   **settings), "hf-vs-vllm"))
     export(WORK / "train", WORK / "export-speculators", fmt="speculators")
-    served = sbs.serve(str(WORK / "export-speculators"), args.num_prompts, WORK)
+    served = serve(str(WORK / "export-speculators"), args.num_prompts, WORK)
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": settings,
            "extract_vllm_s": extract_s, "steps": result["step"],
            "hf_states": {"train_estimate": _last_estimate(hf["metrics"]), "vllm": hf["vllm"]},
            "vllm_states": {"train_estimate": _last_estimate(str(WORK / "train" / "metrics.jsonl")), "vllm": served}}
     write_json(data.OUT.parent / "hf_vs_vllm_drafts.json", out)
-    for m, _, _ in sbs.MEASURES:
+    for m, _, _ in MEASURES:
         print(f"{m}: HF states {hf['vllm'][m]['mean_acceptance_length']:.3f}, vLLM states "
               f"{served[m]['mean_acceptance_length']:.3f}")
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_throughput import OUT, build_data, cpu_model, run_child  # noqa: E402  (reuse the same data and machine record)
+from common import OUT, build_data, cpu_model, run_child  # noqa: E402  (reuse the same data and machine record)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

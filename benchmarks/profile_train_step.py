@@ -12,8 +12,8 @@ import argparse
 import json
 import time
 
+import common as bench
 import torch
-import train_throughput as bench
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from eagle3_train.train.batching import plan_batches

@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from equal_wall_clock import OURS_BEST, ours_command
-from side_by_side import MEASURES, ours_train_rows, serve
+from common import MEASURES, ours_command, ours_train_rows, serve
+from common import WALL_CLOCK_BEST as OURS_BEST
 
 from eagle3_train.export.exporter import export
 from eagle3_train.utils.io import read_json, write_json

@@ -28,14 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-import train_throughput as data
-from equal_budget_acceptance import BASE
+import common as data
+from common import BASE, MEASURES, curve_speculators, ours_train_rows, serve
 
-from eagle3_train.evaluate.pipeline_eval import acceptance_summary
-from eagle3_train.evaluate.prompts import load_prompts
-from eagle3_train.evaluate.served import evaluate_served
 from eagle3_train.export.exporter import export
-from eagle3_train.serving.vllm_server import VLLMServer
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import to_dataclass
@@ -46,8 +42,6 @@ HERE = Path(__file__).resolve().parent
 WORK = HERE / "out" / "side_by_side"  # the default pool's runs (--regenerated N: out/side_by_side_regen{N})
 RESULTS = HERE / "out" / "side_by_side.json"
 OURS_BEST = "lr=0.002"  # benchmarks/README.md, "Acceptance at the speculators reference budget"
-# (name, benchmark, temperature): what users serve with, greedy and sampled
-MEASURES = (("mtbench_t0", "mtbench", 0.0), ("humaneval_t0", "humaneval", 0.0), ("mtbench_t1", "mtbench", 1.0))
 
 
 def build_regenerated_pool(pool: Path, n: int, hidden: bool = True) -> None:
@@ -115,49 +109,9 @@ def train_speculators(pool: Path, spec_dir: Path, epochs: int, anchor: Path, ven
             "metrics": str(out / "metrics.jsonl")}
 
 
-def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES) -> dict:
-    """One vLLM server per draft (speculators format: the config names the verifier), `measures` against it."""
-    out = {}
-    with VLLMServer(draft, startup_matters=True, log_path=log_dir / "vllm.log") as server:
-        for name, bench, temperature in measures:
-            prompts = load_prompts(bench, limit=num_prompts, turns=1)
-            r = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=128, concurrency=8,
-                                temperature=temperature, seed=0)
-            out[name] = {**acceptance_summary(r), "num_prompts": len(prompts), "temperature": temperature,
-                         "first_outputs": [c["outputs"][0][:300] for c in r["completions"][:3] if c["outputs"]]}
-            print(f"  {name}: {out[name]['mean_acceptance_length']:.3f}", flush=True)
-    return out
-
-
-def ours_train_rows(path: str | Path) -> list[dict]:
-    """Our metrics.jsonl: the train-window records (each with `tokens_seen` and `time`)."""
-    rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
-    return [r for r in rows if r.get("split") == "train" and "tokens_seen" in r]
-
-
-def spec_train_steps(path: str | Path) -> list[dict]:
-    """speculators' metrics.jsonl: one record per train step (its `data`: train metrics, profile, epoch)."""
-    steps = [json.loads(x)["data"] for x in Path(path).read_text().splitlines() if x.strip()]
-    return [d for d in steps if d.get("train") and d.get("profile")]
-
-
 def curve_ours(path: str) -> tuple[list[int], list[float]]:
     train_rows = ours_train_rows(path)
     return [r["tokens_seen"] for r in train_rows], [r["accept_len_k3"] for r in train_rows]
-
-
-def curve_speculators(path: str, window: int = 5) -> tuple[list[int], list[float]]:
-    """Its per-step train metrics, averaged over `window` steps like our logging windows; tokens from its profile."""
-    steps = spec_train_steps(path)
-    tokens, est, seen = [], [], 0.0
-    for i, d in enumerate(steps):
-        seen += d["profile"]["tokens_per_s"] * d["profile"]["step_ms"] / 1000
-        if (i + 1) % window == 0 or i + 1 == len(steps):
-            chunk = steps[max(0, i + 1 - window):i + 1]
-            tokens.append(round(seen))
-            est.append(1 + sum(sum(c["train"].get(f"full_acc_{j}", 0.0) for c in chunk) / len(chunk)
-                               for j in range(3)))
-    return tokens, est
 
 
 def ours_keys(results: dict) -> list[str]:

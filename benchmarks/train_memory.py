@@ -22,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from equal_wall_clock import DATA, OURS_BEST, ours_command
+from common import WALL_CLOCK_BEST as OURS_BEST
+from common import WALL_CLOCK_DATA as DATA
+from common import ours_command
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "train_memory"

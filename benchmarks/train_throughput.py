@@ -12,29 +12,10 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from eagle3_train.utils.host_memory import compute_env
-
-OUT = Path(__file__).resolve().parent / "out" / "train-bench"
-
-
-def build_data(limit: int, out: Path = OUT) -> None:
-    """ShareGPT conversations (max 512 tokens) prepared for SmolLM2, a 8192-token vocab, bf16 hidden states."""
-    from eagle3_train.data.prepare import prepare
-    from eagle3_train.hidden_states.extract import extract
-    from eagle3_train.vocab.build import build_vocab
-
-    if not (out / "prepared" / "manifest.json").is_file():
-        prepare("sharegpt", "smollm2-135m-instruct", out / "prepared", max_length=512, limit=limit, val_count=0)
-    if not (out / "vocab" / "vocab.safetensors").is_file():
-        build_vocab(out / "prepared", out / "vocab", size=8192)
-    # float32 compute: the store every earlier figure was measured on (the default is bf16 on native-bf16 CPUs now)
-    extract(out / "prepared", "smollm2-135m-instruct", out / "hidden", dtype="bfloat16", splits=("train",),
-            compute_dtype="float32")
+from common import OUT, build_data, cpu_model, run_child
 
 
 def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str]) -> dict:
@@ -65,24 +46,6 @@ def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str
     rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     return {"ttt_steps": ttt_steps, "optimizer_steps": steps, "tokens": tokens, "seconds": round(dt, 2),
             "tokens_per_s": round(tokens / dt, 1), "peak_rss_gb": round(rss_gb, 2), "threads": torch.get_num_threads()}
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def run_child(cmd: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run one setting in a fresh process (clean peak RSS) and return the JSON of its `RESULT ` line. Our children
-    get the host-memory environment `eagle3-train train` gives itself (tcmalloc, oneDNN cache; utils/host_memory.py);
-    EAGLE3_TRAIN_MALLOC=system measures without."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=compute_env(os.environ if env is None else env))
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"benchmark child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import train_throughput as ours
+import common as ours
 
 from eagle3_train.utils.host_memory import compute_env
 

@@ -107,3 +107,18 @@ def test_no_stage_imports_a_later_stage():
             if a not in STAGES or STAGES[a] < STAGES[b]:
                 wrong.append(f"{src} -> {dst}")
     assert wrong == []
+
+
+def test_benchmark_scripts_share_only_common():
+    """Benchmark scripts are programs, not a library: what they share lives in `benchmarks/common.py`, and no script
+    imports another (a script's edit cannot break a second one that borrowed its helpers)."""
+    bench = SRC.parents[1] / "benchmarks"
+    scripts = {p.stem for p in bench.glob("*.py")}
+    borrowed = {}
+    for p in bench.glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if others := {n for n in names if n in scripts and n != "common"}:
+                borrowed[p.name] = sorted(others)
+    assert "common" in scripts and borrowed == {}, borrowed
