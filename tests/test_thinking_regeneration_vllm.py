@@ -118,12 +118,12 @@ def test_prepare_supervises_every_turns_reasoning_as_the_template_renders_it(reg
     reply = f"<think>{THOUGHT}</think>{ANSWER}<|im_end|>"
     for name, row in by_id.items():
         ids, mask = row["input_ids"], row["loss_mask"]
-        supervised = tok.decode([t for t, m in zip(ids, mask) if m])
-        # each turn as the template renders it: its reasoning and answer (or tool call), then the end of turn
-        if name == f"{AGENTIC['id']}#turn1":
-            assert supervised == f"<think>{TOOL_THOUGHT}</think>{TOOL_SECTION}<|im_end|>{reply}", name
-        else:
-            assert supervised == reply, name
+        supervised = [t for t, m in zip(ids, mask) if m]
+        # each turn as the template renders it, token for token: its reasoning and answer (or tool call), then the
+        # end of turn
+        expected = f"<think>{TOOL_THOUGHT}</think>{TOOL_SECTION}<|im_end|>{reply}" \
+            if name == f"{AGENTIC['id']}#turn1" else reply
+        assert supervised == tok(expected, add_special_tokens=False)["input_ids"], (name, tok.decode(supervised))
         # the rest (system, user turns, the tool's result, earlier turns rendered without their thinking) is not
         rest = tok.decode([t for t, m in zip(ids, mask) if not m])
         assert THOUGHT not in rest and TOOL_THOUGHT not in rest, name

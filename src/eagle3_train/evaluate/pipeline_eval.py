@@ -48,7 +48,8 @@ def served_acceptance(verifier_dir: str | Path, draft_dir: str | Path, prompts: 
     if baseline:
         with VLLMServer(verifier_dir, log_path=log_dir / "vllm-baseline.log" if log_dir else None, **opts) as base:
             plain = evaluate_served(base.base_url, base.model_name, prompts, max_tokens=max_tokens,
-                                    concurrency=concurrency, temperature=temperature, seed=seed)
+                                    concurrency=concurrency, temperature=temperature, seed=seed,
+                                    reasoning_split=False)  # no draft, no acceptance to split
         result["baseline"] = {k_: plain[k_] for k_ in ("tokens_per_s", "generated_tokens", "wall_s") if k_ in plain}
         result["greedy_identical"] = greedy_identical(result["completions"], plain["completions"], temperature)
         if result.get("tokens_per_s") and plain.get("tokens_per_s"):

@@ -88,18 +88,16 @@ def is_context_error(status: int, text: str) -> bool:
     return status in (400, 413, 422) and any(p in low for p in _CONTEXT_PHRASES)
 
 
-def _reasoning_of(message: Any) -> str | None:
-    extra = getattr(message, "model_extra", None) or {}
-    for key in ("reasoning_content", "reasoning"):
-        value = getattr(message, key, None) or extra.get(key)
-        if value:
-            return str(value)
-    return None
-
-
 def _extra(obj: Any, key: str) -> Any:
     """A field an OpenAI-compatible server adds to the response (kept by the client's models as extras)."""
     return getattr(obj, key, None) if hasattr(obj, key) else (getattr(obj, "model_extra", None) or {}).get(key)
+
+
+def _reasoning_of(message: Any) -> str | None:
+    for key in ("reasoning_content", "reasoning"):
+        if value := _extra(message, key):
+            return str(value)
+    return None
 
 
 class ChatPool:
