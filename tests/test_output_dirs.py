@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from eagle3_train.utils.outputs import (
     make_temp_dir,
     read_marker,
     recover_replaced_dir,
+    remove_owned,
     replace_dir,
+    set_aside,
     write_marker,
 )
 
@@ -107,7 +110,7 @@ def _dir_with(path: Path, text: str) -> Path:
 
 def test_replace_swaps_through_a_backup(tmp_path):
     target = _dir_with(tmp_path / "out", "old")
-    write_marker(target, "export")  # claimed before it is replaced
+    write_marker(target, "export", ["data"])  # an earlier export, listing what it wrote
     replace_dir(_dir_with(tmp_path / "new", "new"), target)
     assert (target / "data").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -117,12 +120,12 @@ def test_a_kill_between_the_two_renames_loses_nothing(tmp_path):
     # The state a kill leaves after `target -> backup` and before `new -> target`: the old directory survives under
     # its backup name and the next writer (or reader-side recovery) puts it back.
     target = tmp_path / "out"
-    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-1234", "old"), "export")
+    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-1234", "old"), "export", ["data"])
     (make_temp_dir(target, "export") / "data").write_text("half-written")  # the killed writer's temporary dir
     recover_replaced_dir(target)
     assert (target / "data").read_text() == "old"
     # After a kill between `new -> target` and the backup's removal, the stale backup is dropped, the new dir kept.
-    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-99", "older"), "export")
+    write_marker(_dir_with(tmp_path / ".out.eagle3-replaced-99", "older"), "export", ["data"])
     with atomic_dir(target, "export") as tmp:
         (tmp / "data").write_text("newest")
     assert (target / "data").read_text() == "newest"
@@ -168,7 +171,7 @@ def test_files_added_to_our_output_are_never_replaced_with_it(run_dir, tmp_path,
 def test_an_output_of_another_stage_is_refused(tmp_path):
     out = tmp_path / "x"
     out.mkdir()
-    write_marker(out, "prepare")
+    write_marker(out, "prepare", ["manifest.json"])
     (out / "manifest.json").write_text("{}")
     with pytest.raises(Eagle3InputError, match="is the output of eagle3-train prepare, not of export"), \
             atomic_dir(out, "export"):
@@ -210,8 +213,9 @@ def test_prune_deletes_only_our_periodic_checkpoints(tmp_path, ref):
 
 def test_generate_accepts_the_log_of_the_server_it_started(tmp_path, capsys):
     # `run` and `generate --serve-verifier` start vLLM with its log in the output directory before generating.
-    out = tmp_path / "generated"
-    out.mkdir()
+    from eagle3_train.generate.regenerate import claim_generate_output
+
+    out = claim_generate_output(tmp_path / "generated")  # claimed before the server writes its log there
     (out / "vllm.log").write_text("INFO started\n")
     argv = ["generate", "--data", "sharegpt", "--endpoint", "http://127.0.0.1:9/v1", "--limit", "2", "--out", str(out),
             "--max-retries", "0"]
@@ -302,8 +306,107 @@ def test_an_empty_directory_another_stage_claimed_is_taken_over(tiny_stages, tmp
     root, _ = tiny_stages
     out = tmp_path / "vocab"
     out.mkdir()
-    write_marker(out, "prepare")
+    write_marker(out, "prepare", [])
     argv = ["vocab", "--prepared", str(root / "prepared"), "--size", "64", "--out", str(out)]
     assert cli.main(argv) == 0
     assert read_marker(out)["stage"] == "vocab"
     assert cli.main(argv) == 0
+
+
+# --- ownership by file list (issue 38) -----------------------------------------------------------------------------
+
+def _copy_without_dot_files(src: Path, dst: Path) -> Path:
+    """What `cp -r out/* copy/` makes: every entry but the dot files (our marker among them), plus a user file."""
+    dst.mkdir()
+    for entry in src.iterdir():
+        if not entry.name.startswith("."):
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, dst / entry.name)
+    (dst / "NOTES.txt").write_text("mine")
+    return dst
+
+
+def test_a_copy_without_its_dot_files_is_refused_by_every_stage_and_adopted_on_request(tiny_stages, run_dir,
+                                                                                        tmp_path, capsys):
+    """A `manifest.json` proves nothing: a copy without the marker is the user's until `adopt` says otherwise."""
+    root, verifier = tiny_stages
+    export = tmp_path / "draft"
+    assert cli.main(["export", str(run_dir), "--out", str(export), "--format", "eagle"]) == 0
+    commands = {
+        "prepare": (root / "prepared", ["prepare", "--data", "sharegpt", "--verifier", str(verifier), "--limit", "4",
+                                        "--max-length", "192", "--val-count", "3", "--seed", "0", "--out"]),
+        "vocab": (root / "vocab", ["vocab", "--prepared", str(root / "prepared"), "--size", "1024", "--out"]),
+        "extract": (root / "hidden", ["extract", "--prepared", str(root / "prepared"), "--verifier", str(verifier),
+                                      "--dtype", "float32", "--out"]),
+        "export": (export, ["export", str(run_dir), "--format", "eagle", "--out"]),
+        "convert-verifier": (None, ["convert-verifier", str(verifier), "--out"]),
+    }
+    for stage, (source, argv) in commands.items():
+        if source is None:  # a converted verifier: convert once, then copy it
+            source = tmp_path / "converted"
+            assert cli.main([*argv, str(source)]) == 0
+        copy = _copy_without_dot_files(source, tmp_path / f"copy-{stage}")
+        before = sorted(p.name for p in copy.iterdir())
+        for extra in ([], [] if stage == "convert-verifier" else ["--overwrite"]):
+            assert cli.main([*argv, str(copy), *extra]) == 2, stage
+            err = capsys.readouterr().err
+            # named where the copy is recognisable (a converted HF verifier carries no record of the conversion)
+            assert f"eagle3-train adopt {copy} --stage {stage}" in err or (
+                stage == "convert-verifier" and "not an earlier output" in err), (stage, err)
+        assert sorted(p.name for p in copy.iterdir()) == before and (copy / "NOTES.txt").read_text() == "mine"
+        # adopted, every entry (NOTES.txt too: the user said so) is that stage's output
+        assert cli.main(["adopt", str(copy), "--stage", stage]) == 0
+        assert "NOTES.txt" in capsys.readouterr().out
+        assert read_marker(copy)["files"] == before
+
+
+def test_a_failed_replacing_run_leaves_no_marker_and_an_empty_listing_owns_nothing(run_dir, tmp_path, capsys):
+    out = tmp_path / "draft"
+    with pytest.raises(RuntimeError), atomic_dir(out, "export"):
+        raise RuntimeError("the export failed")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    # a marker that lists nothing (an older failed run's): the user's files put there later are never replaced
+    out.mkdir()
+    write_marker(out, "export", [])
+    (out / "serve.sh").write_text("vllm serve ...")
+    assert cli.main(["export", str(run_dir), "--out", str(out), "--format", "eagle", "--overwrite"]) == 2
+    assert "serve.sh, which eagle3-train did not write" in capsys.readouterr().err
+    assert (out / "serve.sh").read_text() == "vllm serve ..."
+
+
+def test_remove_owned_deletes_only_what_the_marker_lists(tmp_path):
+    d = _dir_with(tmp_path / "old", "ours")
+    write_marker(d, "export", ["data"])
+    (d / "LICENSE.txt").write_text("mine")  # put there after the claim: a replacement must not take it along
+    assert remove_owned(d) == ["LICENSE.txt"]
+    assert sorted(p.name for p in d.iterdir()) == [MARKER, "LICENSE.txt"]
+    (d / "LICENSE.txt").unlink()
+    assert remove_owned(d) == [] and not d.exists()
+    # a marker naming anything but a plain entry is no marker of ours: nothing is deleted through it
+    d = _dir_with(tmp_path / "evil", "x")
+    (tmp_path / "victim.txt").write_text("mine")
+    (d / MARKER).write_text(json.dumps({"tool": "eagle3-train", "stage": "export", "files": ["../victim.txt"]}))
+    assert read_marker(d) is None and remove_owned(d) == ["data"]
+    assert (tmp_path / "victim.txt").read_text() == "mine"
+
+
+def test_set_aside_moves_only_listed_entries(tmp_path):
+    d = _dir_with(tmp_path / "train", "ours")
+    write_marker(d, "train", ["data"])
+    (d / "NOTES.txt").write_text("mine")
+    aside = set_aside(d)
+    assert sorted(p.name for p in aside.iterdir()) == [MARKER, "data"]
+    assert (d / "NOTES.txt").read_text() == "mine" and read_marker(d)["files"] == []
+
+
+def test_extract_overwrite_never_touches_a_backup_directory_of_shards(tiny_stages, tmp_path):
+    """`extract --overwrite` replaces the shards of the splits it wrote, not those of a user's `train.bak/`."""
+    root, verifier = tiny_stages
+    out = tmp_path / "hidden"
+    argv = ["extract", "--prepared", str(root / "prepared"), "--verifier", str(verifier), "--dtype", "float32",
+            "--max-samples", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    shutil.copytree(out / "train", out / "train.bak")
+    backup = {p.name: p.read_bytes() for p in (out / "train.bak").iterdir()}
+    assert any(n.startswith("shard-") for n in backup)
+    assert cli.main([*argv, "--overwrite", "--max-samples", "3"]) == 0
+    assert {p.name: p.read_bytes() for p in (out / "train.bak").iterdir()} == backup

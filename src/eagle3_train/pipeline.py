@@ -25,7 +25,7 @@ import yaml
 from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_json, write_json
-from eagle3_train.utils.outputs import claimed_output, has_file, set_aside
+from eagle3_train.utils.outputs import claim_output_dir, claimed_output, has_file, own, set_aside
 from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import (
     add_settings_arguments,
@@ -67,6 +67,10 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
         out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given}
     return out
 
+
+# The run directory's own files, beside one directory per stage (listed as each stage starts).
+_RUN_FILES = ("pipeline_state.json", "pipeline_config.json", "summary.json", "hidden-states-transfer",
+              "vllm-extract.log", "vllm-train.log", "train-launch.yaml")
 
 class StageRefused(Eagle3InputError):
     """A stage's result cannot be used (generation skipped without generate.allow_fallback): it is forgotten, so the
@@ -137,7 +141,8 @@ class Pipeline:
     def run(self) -> dict[str, Any]:
         """Every enabled stage of STAGES in order, each skipped when done (see `stage`)."""
         rd = self.run_dir
-        with claimed_output(rd, "run", "run_dir", has_file("pipeline_state.json", "pipeline_config.json")):
+        with claimed_output(rd, "run", "run_dir", has_file("pipeline_state.json", "pipeline_config.json"),
+                            writes=_RUN_FILES):
             return self._run_stages(rd)
 
     def _run_stages(self, rd: Path) -> dict[str, Any]:
@@ -148,6 +153,7 @@ class Pipeline:
                 continue
             for name, variant in st.instances(ctx):
                 key = ctx.keys[name] = st.key(ctx, variant)
+                own(rd, "run", [st.out_dir(ctx, variant).name])  # listed before the stage writes it
                 result = self.stage(name, key, st.output(ctx, variant), partial(st.run, ctx, variant),
                                     after=self._reads(ctx, st))
                 try:
@@ -487,6 +493,7 @@ def train_under_torchrun(cfg, processes: int, launch_file: Path) -> dict[str, An
 
 def _train_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.train.config import TrainConfig
+    from eagle3_train.train.metadata import OUTPUT, WRITES, written_by_train
     from eagle3_train.train.trainer import train
 
     cfg = build_settings(TrainConfig, _train_values(ctx), "config section 'train'")
@@ -494,7 +501,7 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
     # Resume only a run that was started with these very settings (an interrupted one); a run with other settings
     # (or of unknown origin) is set aside, never continued with the new settings and never deleted.
     if ctx.pipeline._restarts("train", ctx.keys["train"]) and out.exists():
-        aside = set_aside(out)
+        aside = set_aside(claim_output_dir(out, *OUTPUT, written_by_train, writes=WRITES))
         log.warning("[train] %s holds a run with other settings: moved it to %s, training from the start", out, aside)
     cfg.resume = (out / "checkpoints" / "latest.json").is_file()
     cfg.trust_remote_code = ctx.trust_remote_code  # recorded in the training metadata

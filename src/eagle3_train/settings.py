@@ -16,6 +16,7 @@ from typing import ClassVar, Literal
 from eagle3_train.assets.thinking import ThinkingStyleName
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
 from eagle3_train.train.config import HS_DIR_HELP, TrainConfig
+from eagle3_train.utils.outputs import STAGES as OUTPUT_STAGES
 from eagle3_train.utils.settings import markdown_table, setting
 
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -229,6 +230,14 @@ class ExportSettings:
 
 
 @dataclass
+class AdoptSettings:
+    directory: str = setting("", "an output directory with no listing marker (an earlier version's output, or a "
+                                 "copy made without its dot files)", positional=True, yaml=False)
+    output_of: str = setting("", "the stage whose output it is: " + ", ".join(OUTPUT_STAGES), required=True,
+                             flag="--stage")
+
+
+@dataclass
 class _PromptSettings:
     """What acceptance is measured on (shared by the evaluate modes)."""
 
@@ -379,7 +388,7 @@ SECTIONS: dict[str, type] = {
 SHARED_SECTIONS: dict[str, type] = {"serving": ServingSettings}
 # Settings of commands that are no pipeline section.
 COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate served": ServedEvalSettings,
-                             "serve": ServeSettings}
+                             "serve": ServeSettings, "adopt": AdoptSettings}
 
 _INTRO = """# Configuration reference
 

@@ -16,7 +16,6 @@ import errno
 import pickle
 import random
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from safetensors.torch import load_file
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, write_json
-from eagle3_train.utils.outputs import atomic_dir, marked_by
+from eagle3_train.utils.outputs import atomic_dir, marked_by, remove_owned
 
 WEIGHTS = "model.safetensors"
 CONFIG = "draft_config.json"
@@ -199,10 +198,10 @@ def recorded_verifier(draft: str | Path) -> str | None:
 
 def prune(out_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` periodic checkpoints: only `step-NNNNNNN` directories this tool wrote
-    (marked; or, from before markers, holding our checkpoint files), never anything else in checkpoints/."""
+    (marked), and in them only the files their marker lists; never anything else in checkpoints/."""
     ckpts = sorted((p for p in (out_dir / "checkpoints").glob("step-*")
                     if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()
-                    and (marked_by(p, "checkpoint") or (is_checkpoint(p) and (p / METADATA).is_file()))),
+                    and marked_by(p, "checkpoint")),
                    key=lambda p: int(p.name.split("-")[1]))
     for old in ckpts[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_owned(old)

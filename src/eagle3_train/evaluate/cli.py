@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.assets.verifier import required_verifier
+from eagle3_train.evaluate.report import REPORT_FILES
 from eagle3_train.settings import OfflineEvalSettings, ServedEvalSettings
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output, json_says
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
@@ -54,7 +55,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
 
     s = settings_from_args(OfflineEvalSettings, args, prefixes=("evaluate", "offline"))
     if s.out:  # refuse a foreign directory before the (long) evaluation, not after
-        s.out = str(claim_output_dir(s.out, *_OUTPUT, _offline_results, create=False))
+        s.out = str(claim_output_dir(s.out, *_OUTPUT, _offline_results, create=False, writes=REPORT_FILES))
     if s.threads:
         torch.set_num_threads(s.threads)
     verifier = required_verifier(s.verifier, recorded_verifier(s.draft), f"the draft {s.draft}")
@@ -64,7 +65,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
                                prepared=s.prepared, tie_tol=s.tie_tol, trust_remote_code=s.trust_remote_code)
     results["settings"].update(benchmark=s.benchmark, turns=s.turns, verifier=str(verifier))
     if s.out:
-        with claimed_output(s.out, *_OUTPUT, _offline_results):
+        with claimed_output(s.out, *_OUTPUT, _offline_results, writes=REPORT_FILES):
             paths = write_report(results, s.out)
         log.info("offline evaluation written to %s", ", ".join(paths.values()))
     print(format_table(results))

@@ -17,6 +17,7 @@ from eagle3_train.utils.io import atomic_path, write_json
 
 RESULTS = "results.json"
 CHART = "acceptance_by_position.png"
+REPORT_FILES = (RESULTS, CHART)  # what `write_report` writes, as an evaluation directory's marker lists it
 
 
 def acceptance_rows(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

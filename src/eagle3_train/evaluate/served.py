@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
+from eagle3_train.evaluate.report import REPORT_FILES
 from eagle3_train.evaluate.served_regions import THINK_END, measure_regions, think_end_id
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
 from eagle3_train.serving.metrics import servers_counters
@@ -224,6 +225,7 @@ def _served_model(base_url: str) -> str:
 
 
 _OUTPUT = ("evaluate", "evaluation output directory")
+_WRITES = (*REPORT_FILES, "served_completions.jsonl", "vllm-draft.log", "vllm-baseline.log")
 
 
 def _served_results(path: Path) -> bool:
@@ -236,8 +238,8 @@ def run_served(s: ServedEvalSettings) -> dict[str, Any]:
     quiet_http_logs()
     if not s.out:
         return _run_served(s)
-    s.out = str(claim_output_dir(s.out, *_OUTPUT, _served_results))  # refused before any server starts
-    with claimed_output(s.out, *_OUTPUT, _served_results):  # held while servers log there and results are written
+    s.out = str(claim_output_dir(s.out, *_OUTPUT, _served_results, writes=_WRITES))  # before any server starts
+    with claimed_output(s.out, *_OUTPUT, _served_results, writes=_WRITES):  # held while servers log and results land
         return _run_served(s)
 
 

@@ -472,7 +472,8 @@ def _written_by_generate(path: Path) -> bool:
 
 def claim_generate_output(out_dir: str | Path) -> Path:
     """Claim `out_dir` for generate; called before a server started for it writes its log there."""
-    return claim_output_dir(out_dir, *OUTPUT, _written_by_generate)
+    return claim_output_dir(out_dir, *OUTPUT, _written_by_generate,
+                            writes=(OUTPUT_FILE, SKIPPED_FILE, MANIFEST_FILE, SERVER_LOG))
 
 
 def _files(out_dir: Path) -> _Files:

@@ -95,7 +95,7 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options, group.world)
     # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
     out_dir = group.on_main(lambda: claim_output_dir(out_dir, "extract", resume.WHAT, resume.written_by_extract,
-                                                     create=False))
+                                                     create=False, writes=resume.writes(splits)))
     store_dtype, store_bytes = store.store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits, REQUIRED_COLUMNS)[0]
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
@@ -136,7 +136,8 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     group.on_main(lambda: resume.check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin,
                                                   overwrite))
     # nothing is deleted while another extract writes
-    with group.holding(lambda: claimed_output(out_dir, "extract", resume.WHAT, resume.written_by_extract)):
+    with group.holding(lambda: claimed_output(out_dir, "extract", resume.WHAT, resume.written_by_extract,
+                                              resume.writes(splits))):
         manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
                                  aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token,
                                  token_budget=token_budget, device=device, trust_remote_code=trust_remote_code,

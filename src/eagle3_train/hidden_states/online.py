@@ -121,7 +121,8 @@ class HybridSource(OnlineSource):
     def _ready(self) -> None:
         if self.reader is not None:
             return
-        claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", written_by_extract)
+        claim_output_dir(self.dir, "extract", "hybrid hidden-states directory", written_by_extract,
+                         writes=("manifest.json", self.split))
         self.split_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
             mpath = self.dir / "manifest.json"

@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from eagle3_train.assets.verifier import same_verifier
 from eagle3_train.hidden_states.store import FORMAT, ShardPlan, shard_entry_ok
 from eagle3_train.utils.io import Eagle3InputError, read_json
-from eagle3_train.utils.outputs import holds_files, json_says
+from eagle3_train.utils.outputs import holds_files, json_says, owned
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,21 @@ def _free_bytes(path: Path) -> int:
     return shutil.disk_usage(p).free
 
 
+def writes(splits: Sequence[str]) -> tuple[str, ...]:
+    """The top-level names an extraction into OUT writes: what its marker lists."""
+    return ("manifest.json", *splits)
+
+
 def _our_files(out_dir: Path) -> list[Path]:
-    """Files this stage writes (and may delete on --overwrite): never anything else in OUT."""
+    """Files this stage wrote (and may delete on --overwrite): the manifest and the shards and index of the split
+    directories its marker lists; never anything else in OUT (a user's `train.bak/` holds shards too)."""
     if not out_dir.is_dir():
         return []
     files = [f for f in out_dir.iterdir() if f.is_file() and (
         f.name == "manifest.json" or (f.name.startswith(".manifest.json.") and f.name.endswith(".tmp")))]
+    mine = owned(out_dir)
     for sub in out_dir.iterdir():
-        if sub.is_dir():
+        if sub.name in mine and sub.is_dir() and not sub.is_symlink():
             files += [f for f in sub.iterdir() if f.is_file() and (
                 (f.name.startswith("shard-") and f.suffix == ".safetensors") or f.name == "index.json"
                 or (f.name.startswith((".shard-", ".index.json.")) and f.name.endswith(".tmp")))]

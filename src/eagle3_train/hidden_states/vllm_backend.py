@@ -109,9 +109,9 @@ def served_file(path: str, allowed_dir: Path) -> Path:
     return root / p.name
 
 
-def read_and_remove(path: Path) -> dict[str, Any]:
-    """Read a file the connector wrote (waiting for its writer's lock), then delete it and its lock file; a file
-    that cannot be read is left in place."""
+def read_served(path: Path) -> dict[str, Any]:
+    """Read a file the connector wrote (waiting for its writer's lock); `remove_served` deletes it once its
+    contents proved it a hidden-state file of the request (a file that is not one is left in place)."""
     from safetensors import safe_open
 
     lock = Path(f"{path}.lock")
@@ -132,9 +132,12 @@ def read_and_remove(path: Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - safetensors reports a malformed file as its own error type
         raise Eagle3InputError(f"cannot read the hidden-state file {path} the server named ({e}); it is left in "
                                f"place") from None
-    for p in (path, lock):
-        p.unlink(missing_ok=True)
     return out
+
+
+def remove_served(path: Path) -> None:
+    for p in (path, Path(f"{path}.lock")):
+        p.unlink(missing_ok=True)
 
 
 class ServerUnavailable(Eagle3InputError):
@@ -279,14 +282,17 @@ class VLLMHiddenStates:
             raise Eagle3InputError(f"{url} returned no kv_transfer_params.hidden_states_path: it is not a "
                                    f"hidden-state server ({SERVE_HINT})")
         t1 = time.perf_counter()
-        data = await asyncio.to_thread(read_and_remove, served_file(path, self.hidden_states_dir))
+        path = served_file(path, self.hidden_states_dir)
+        data = await asyncio.to_thread(read_served, path)
         self.timing["request_s"] += t1 - t0
         self.timing["read_s"] += time.perf_counter() - t1
         echoed = (response.get("choices") or [{}])[0].get("prompt_token_ids")
         if echoed is not None and list(echoed) != ids:
             raise Eagle3InputError(f"{url} changed the prompt: it echoed {len(echoed)} token ids that differ from "
                                    f"the {len(ids)} sent (first difference at {_first_diff(echoed, ids)})")
-        return self._split(data, ids, url)
+        states = self._split(data, ids, url)  # refuses a file that is not this request's states: it stays
+        remove_served(path)
+        return states
 
     def _split(self, data: dict[str, Any], ids: list[int], url: str) -> tuple[torch.Tensor, torch.Tensor]:
         states, token_ids = data.get("hidden_states"), data.get("token_ids")

@@ -31,7 +31,7 @@ from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
-from eagle3_train.train.metadata import OUTPUT, build_metadata, written_by_train
+from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, written_by_train
 from eagle3_train.utils.io import Eagle3InputError, write_json
 from eagle3_train.utils.outputs import claim_output_dir
 from eagle3_train.utils.provenance import now_iso
@@ -347,7 +347,7 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     from eagle3_train.model.verifier_head import verifier_head_shapes
 
     out = Path(cfg.out)
-    claim_output_dir(out, *OUTPUT, written_by_train)
+    claim_output_dir(out, *OUTPUT, written_by_train, writes=WRITES)
     checked: list[str] = []
     not_checked: list[str] = []
     precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")

@@ -25,7 +25,7 @@ from eagle3_train.train.data import TrainingSamples, open_samples, open_validati
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
-from eagle3_train.train.metadata import OUTPUT, build_metadata, timing_record, written_by_train
+from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, timing_record, written_by_train
 from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
@@ -298,7 +298,7 @@ class Trainer:
         if not self.info.is_main:
             return self._run()
         # rank 0 holds --out for the whole run: a second run into it stops instead of writing the same files
-        claim_output_dir(self.out, *OUTPUT, written_by_train)
+        claim_output_dir(self.out, *OUTPUT, written_by_train, writes=WRITES)
         with output_lock(self.out, OUTPUT[1]):
             return self._run()
 

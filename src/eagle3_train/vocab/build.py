@@ -44,6 +44,7 @@ from eagle3_train.utils.settings import add_settings_arguments, settings_from_ar
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "vocab.safetensors"
+_WRITES = (VOCAB_FILE, "manifest.json")
 COVERAGE_SIZES = (1024, 2048, 4096, 8192, 16384, 32000)
 
 
@@ -117,7 +118,7 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = Vocab
     t0 = time.time()
     prepared_dir = Path(prepared_dir)
     what = "vocab output directory"
-    out_dir = claim_output_dir(out_dir, "vocab", what, stage_manifest("vocab"), create=False)
+    out_dir = claim_output_dir(out_dir, "vocab", what, stage_manifest("vocab"), create=False, writes=_WRITES)
     check_at_least("draft vocabulary size", size, 1)
     dd, prep = load_prepared(prepared_dir)
     if not overwrite:
@@ -142,7 +143,7 @@ def build_vocab(prepared_dir: str | Path, out_dir: str | Path, size: int = Vocab
     for k in sorted({min(s, vocab_size) for s in COVERAGE_SIZES} | {chosen}):
         table.append({"size": k, "train": coverage(train, order[:k]), "validation": coverage(val, order[:k])})
 
-    with claimed_output(out_dir, "vocab", what, stage_manifest("vocab")):
+    with claimed_output(out_dir, "vocab", what, stage_manifest("vocab"), writes=_WRITES):
         vocab_path = out_dir / VOCAB_FILE
         with atomic_path(vocab_path) as tmp:
             save_safetensors({"d2t": torch.from_numpy(d2t), "t2d": torch.from_numpy(t2d)}, tmp,
