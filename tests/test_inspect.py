@@ -157,3 +157,20 @@ def test_inspect_does_not_contradict_itself_on_nested_aux_ids(head, vocab_a, tmp
     assert not vllm["serves_as_trained"] and "one layer too early" in vllm["reasons"][0]
     assert sglang["serves_as_trained"]
     assert "vllm: NOT as trained" in format_report(info)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/hostname", "link.safetensors"])
+def test_an_index_naming_a_file_outside_the_draft_is_refused(ref, inputs, tmp_path, capsys, name):
+    """A published draft's index is not ours: a shard name must be a plain file of the draft's own directory."""
+    draft = write_speculators(ref, tmp_path / "spec")
+    (tmp_path / "outside.safetensors").write_bytes((draft / "model.safetensors").read_bytes())
+    (draft / "link.safetensors").symlink_to(tmp_path / "outside.safetensors")
+    tensors = json.loads((draft / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+        (draft / "model.safetensors").read_bytes()[:8], "little")])
+    (draft / "model.safetensors").rename(tmp_path / "moved.safetensors")
+    (draft / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for k in tensors if k != "__metadata__"}}))
+    assert cli.main(["inspect", str(draft)]) == 2
+    assert "refusing to read it" in capsys.readouterr().err
+    with pytest.raises(Eagle3InputError, match="refusing to read it"):
+        finetune_model(train_config(draft), inputs)

@@ -232,9 +232,14 @@ def test_parser_rejects_bad_choices_before_any_input_loads(argv, capsys):
     (["train", "--epochs", "-1"], "epochs must be > 0"),
     (["train", "--token-budget", "0"], "token_budget must be >= 1"),
     (["train", "--num-layers", "0"], "num_layers must be >= 1"),
-    (["train", "--step-decay", "-1"], "step_decay must be > 0"),
+    (["train", "--step-decay", "-1"], "step_decay must be (0, 1]"),
+    (["train", "--step-decay", "1e308"], "step_decay must be (0, 1], got 1e+308"),
     (["train", "--lr", "-1"], "lr must be >= 0"),
-    (["train", "--lr", "nan"], "lr must be >= 0, got nan"),
+    (["train", "--lr", "nan"], "lr must be a finite number >= 0, got nan"),
+    (["train", "--lr", "inf"], "lr must be a finite number >= 0, got inf"),
+    (["train", "--set", "train.lr=.inf"], "lr must be a finite number >= 0, got inf"),
+    (["train", "--noise", "inf"], "noise must be a finite number >= 0, got inf"),
+    (["train", "--set", "train.grad_clip=-.inf"], "grad_clip must be a finite number >= 0, got -inf"),
     (["train", "--ttt-steps", "0"], "ttt_steps must be >= 1"),
     (["train", "--log-every", "0"], "log_every must be >= 1"),
     (["train", "--grad-accum", "0"], "grad_accum must be >= 1"),
@@ -252,7 +257,7 @@ def test_settings_out_of_range_stop_before_anything_runs(argv, message, capsys, 
 def test_the_python_api_checks_the_same_ranges():
     from eagle3_train.train.config import TrainConfig
 
-    with pytest.raises(Eagle3InputError, match=r"train.step_decay must be > 0, got -1"):
+    with pytest.raises(Eagle3InputError, match=r"train.step_decay must be \(0, 1\], got -1"):
         TrainConfig(step_decay=-1)
     TrainConfig(step_decay=0.5, keep_last=0, max_steps=None)  # in range, and None where allowed
 

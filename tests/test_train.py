@@ -382,3 +382,17 @@ def test_two_nodes_train_as_one_data_parallel_run(stages, tmp_path):
     a, b = weights(single), weights(out)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_a_step_whose_gradients_blow_up_stops_before_it_is_applied(stages, tmp_path):
+    """A finite but absurd lr drives the weights to inf within a few steps: the run stops at the first step whose
+    loss or gradients are NaN/inf, names it, and the checkpoints it kept are finite (it used to finish, exit 0,
+    with a draft of NaN)."""
+    root, _ = stages
+    out = tmp_path / "run"
+    with pytest.raises(Eagle3InputError, match=r"training stopped at step \d+: .* is NaN/inf.*--resume"):
+        train(config(root, out, max_steps=40, lr=1e30, grad_clip=0.0, warmup_ratio=0.0, save_every=1))
+    latest = json.loads((out / "checkpoints" / "latest.json").read_text())["dir"]
+    saved = load_file(str(out / "checkpoints" / latest / "model.safetensors"))
+    assert all(bool(torch.isfinite(t).all()) for t in saved.values() if t.is_floating_point())

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from eagle3_train.checkpoints.native import is_run_dir, resolve_checkpoint
 from eagle3_train.model.architectures import architecture_from_config
 from eagle3_train.model.config import MLA_DIMS, DraftConfig, default_aux_layer_ids
-from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
+from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _weight_files(path: Path) -> list[Path]:
         return [path]
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        return [path / f for f in sorted(set(_weight_map(index).values()))]
+        return [path / f for f in sorted(set(read_weight_map(index).values()))]
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return [path / name]
@@ -85,13 +85,6 @@ def _weight_files(path: Path) -> list[Path]:
         return found
     raise Eagle3InputError(f"{path}: no weights found (expected model.safetensors, model.safetensors.index.json, "
                            f"pytorch_model.bin or one .safetensors file)")
-
-
-def _weight_map(index: Path) -> dict[str, str]:
-    wm = read_json(index, "safetensors index").get("weight_map")
-    if not isinstance(wm, dict) or not wm:
-        raise Eagle3InputError(f"{index}: no 'weight_map' (tensor name -> shard file)")
-    return wm
 
 
 def _read_safetensors(f: Path, shapes_only: bool) -> dict[str, torch.Tensor]:
@@ -348,7 +341,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
     raw = read_tensors(files, shapes_only)
     index = directory / "model.safetensors.index.json"
     if path.is_dir() and index.is_file():
-        absent = sorted(set(_weight_map(index)) - set(raw))
+        absent = sorted(set(read_weight_map(index)) - set(raw))
         if absent:
             raise Eagle3InputError(f"{index} lists tensors that no shard holds (incomplete download?): {absent[:5]}")
     tensors, extra, unknown, renamed = _rename_all(raw, path)

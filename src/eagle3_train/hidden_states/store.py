@@ -35,7 +35,7 @@ from typing import Any
 
 from eagle3_train.assets.verifier import Verifier, resolve_verifier, same_verifier, verifier_identity
 from eagle3_train.settings import StoreDtype
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, save_safetensors, sha256_file
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, file_in, read_json, save_safetensors, sha256_file
 
 FORMAT = "eagle3-train-hidden-states"
 FORMAT_VERSION = 1
@@ -252,9 +252,9 @@ class HiddenStatesReader:
             f"`{reextract_command(self.manifest, self.dir, self.split)}` (it recomputes missing shards and keeps the "
             f"others)")
 
-    def _shard_path(self, entry: dict) -> Path:
+    def shard_path(self, entry: dict) -> Path:
         """A shard's file, which must exist."""
-        path = self.dir / self.split / entry["file"]
+        path = file_in(self.dir / self.split, entry.get("file"), f"{self.dir / self.split / 'index.json'}")
         if not path.is_file():
             raise self._damaged(path, f"listed in {self.dir / self.split / 'index.json'} is missing")
         return path
@@ -266,7 +266,7 @@ class HiddenStatesReader:
     def check_sizes(self) -> None:
         """Every listed shard exists with the size index.json records (cheap: no data is read)."""
         for entry in self.index.get("shards", []):
-            path = self._shard_path(entry)
+            path = self.shard_path(entry)
             size = path.stat().st_size
             if entry.get("bytes") is not None and size != entry["bytes"]:  # else: its SHA-256 on first read
                 raise self._damaged(path, f"has {size} bytes but index.json records {entry['bytes']} (truncated or "
@@ -306,7 +306,7 @@ class HiddenStatesReader:
             self._handles.move_to_end(pos)
             return handle
         entry = self.index["shards"][pos]
-        path = self._shard_path(entry)
+        path = self.shard_path(entry)
         if self.hash_on_open and pos not in self._hashed and entry.get("sha256"):
             self._check_sha256(path, entry)
             self._hashed.add(pos)
@@ -344,11 +344,11 @@ class HiddenStatesReader:
             out["verifier_lse"] = handle.get_slice("verifier_lse")[start:end].float()
         for name, t in out.items():
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                path = self.dir / self.split / self.index["shards"][pos]["file"]
+                path = self.shard_path(self.index["shards"][pos])
                 raise self._damaged(path, f"holds NaN/Inf in '{name}' for sample {sample_index} (rows {start}..{end})")
         top = out.get("verifier_argmax")
         if top is not None and top.numel() and not (0 <= int(top.min()) and int(top.max()) < self.vocab_size):
-            path = self.dir / self.split / self.index["shards"][pos]["file"]
+            path = self.shard_path(self.index["shards"][pos])
             raise self._damaged(path, f"holds a 'verifier_argmax' outside the verifier's {self.vocab_size} tokens for "
                                       f"sample {sample_index} (rows {start}..{end})")
         return out
@@ -356,7 +356,7 @@ class HiddenStatesReader:
     def verify(self) -> None:
         """Check every listed shard's SHA-256 against index.json (reads all the data)."""
         for entry in self.index.get("shards", []):
-            self._check_sha256(self._shard_path(entry), entry)
+            self._check_sha256(self.shard_path(entry), entry)
 
     def close(self) -> None:
         self._handles.clear()

@@ -43,7 +43,7 @@ from eagle3_train.serving.client import (
     quiet_http_logs,
 )
 from eagle3_train.settings import CONCURRENCY
-from eagle3_train.utils.io import Eagle3InputError, read_json
+from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,7 @@ def final_norm_file(verifier_dir: str | Path) -> str:
     index = Path(verifier_dir) / WEIGHT_INDEX
     if not index.is_file():
         return "model.safetensors"
-    weight_map = read_json(index, "verifier weight index").get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise Eagle3InputError(f"{index} has no weight_map (expected {{tensor name: weight file}})")
+    weight_map = read_weight_map(index)
     found = next((weight_map[k] for k in _NORM_KEYS if k in weight_map), None)
     if not isinstance(found, str):
         raise Eagle3InputError(f"{index}: the weight_map names no final norm tensor (looked for "

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from eagle3_train.assets.families import family_of, text_config
-from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.io import Eagle3InputError, read_weight_map
 
 log = logging.getLogger(__name__)
 _EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight", "embed_tokens.weight",
@@ -60,8 +60,7 @@ class LogitTransform:
 def tensor_locations(verifier_dir: Path) -> dict[str, Path]:
     index = verifier_dir / "model.safetensors.index.json"
     if index.is_file():
-        wm = json.loads(index.read_text())["weight_map"]
-        return {k: verifier_dir / f for k, f in wm.items()}
+        return {k: verifier_dir / f for k, f in read_weight_map(index).items()}
     single = verifier_dir / "model.safetensors"
     if single.is_file():
         with safe_open(str(single), "pt") as f:

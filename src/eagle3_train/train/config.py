@@ -63,7 +63,7 @@ class TrainConfig:
     # training-time test
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions", valid=">= 1")
-    step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j", valid="> 0")
+    step_decay: float = setting(0.8, "loss weight of TTT step j is step_decay**j", valid="(0, 1]")
     supervise: Literal["assistant", "all"] = setting(
         "assistant", "training positions whose verifier distribution the draft fits: assistant (the prepared loss "
                      "mask, as in every EAGLE trainer) or all (every token of a row, prompts too: the target is the "

@@ -289,7 +289,7 @@ def _shard_widths(data: TrainingSamples, split: str, cfg: TrainConfig, inputs, H
     reader = data.source.reader  # a StoredSource: the dry run checks stored shards
     widths = set()
     for entry in reader.index.get("shards", []):
-        with safe_open(str(reader.dir / split / entry["file"]), "pt") as f:
+        with safe_open(str(reader.shard_path(entry)), "pt") as f:
             widths.add((tuple(f.get_slice("aux").get_shape()[1:]), tuple(f.get_slice("final").get_shape()[1:]),
                         f.get_slice("aux").get_dtype()))
     for aux_w, final_w, _ in widths:

@@ -45,6 +45,7 @@ from eagle3_train.checkpoints.formats import (
     source_summary,
 )
 from eagle3_train.model.config import MLA_DIMS
+from eagle3_train.utils.finite import check_finite
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,9 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
     d2t, t2d = _source_vocab(loaded, V, notes)
     if read_data:
         loaded = load_tensor_data(loaded)
+        check_finite(((loaded.source_name(k), t) for k, t in loaded.tensors.items()),
+                     f"finetune source {loaded.path}", "a draft started from it trains to NaN: use an intact copy "
+                     "of the source (re-download it) or another checkpoint")
     overrides = {f: getattr(loaded.config, f) for f in ARCH_FIELDS}
     if cfg.architecture != "llama" and cfg.architecture != overrides["architecture"]:
         # the layer kind is the source's: a run that asks for another one is a mistake, never a silent rebuild

@@ -18,6 +18,7 @@ from eagle3_train.model.verifier_head import (
     logit_transform,
     verifier_head_shapes,
 )
+from eagle3_train.utils.finite import check_finite
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,10 @@ def _verifier_head(verifier_dir: Path, head_shapes_only: bool):
     """(embedding, lm_head, config): the tensors, or (dry run) meta tensors of their shapes, no weight data read."""
     if head_shapes_only:
         return verifier_head_shapes(verifier_dir)[:3]
-    return load_verifier_head(verifier_dir)
+    embed, lm_head, vcfg = load_verifier_head(verifier_dir)
+    check_finite((("embed_tokens", embed), ("lm_head", lm_head)), f"verifier {verifier_dir}",
+                 "the training targets would be NaN: use an intact copy of the verifier's weights")
+    return embed, lm_head, vcfg
 
 
 def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: str,

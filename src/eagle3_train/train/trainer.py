@@ -42,6 +42,7 @@ from eagle3_train.utils.distributed import (
     destroy,
     init_device,
 )
+from eagle3_train.utils.finite import first_non_finite
 from eagle3_train.utils.host_memory import active_allocator, malloc_trim
 from eagle3_train.utils.io import Eagle3InputError, write_json
 from eagle3_train.utils.outputs import claim_output_dir, output_lock, set_aside
@@ -238,16 +239,30 @@ class Trainer:
             sums.add(s)
             tokens += b.num_tokens
         all_reduce_gradients(self.params, self.info)
+        all_reduce_sum_(sums.values, self.info)
         # Pre-clipping norm, logged: a norm far above the clip means the clip, not the lr, sets the step size.
         self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
             self.params, cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0 else float("inf")))
+        self._check_finite(sums)  # before the update: the weights and the last checkpoint stay intact
         self.optimizer.step()
         self.optimizer.schedule_step()
-        all_reduce_sum_(sums.values, self.info)
         t = torch.tensor([tokens, skipped], dtype=torch.float64)
         all_reduce_sum_(t, self.info)
         self.skipped_now += int(t[1].item())
         return sums, int(t[0].item())
+
+    def _check_finite(self, sums: StepSums) -> None:
+        """Stop (every rank sees the same reduced numbers) at a step whose loss or gradients are not finite."""
+        if math.isfinite(self.grad_norm) and bool(torch.isfinite(sums.values).all()):
+            return
+        grads = ((n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None)
+        found = first_non_finite(grads)
+        what = f"the gradient of '{found[0]}' ({found[1]} of {found[2]} values)" if found else "the loss"
+        raise Eagle3InputError(
+            f"training stopped at step {self.step + 1}: {what} is NaN/inf (loss per TTT step "
+            f"{[round(v, 4) for v in sums.values[0].tolist()]}, gradient norm {self.grad_norm}); this step was not "
+            f"applied and the checkpoints in {self.out} are intact: lower train.lr or set train.grad_clip > 0, "
+            f"then rerun with --resume")
 
     @torch.no_grad()
     def evaluate(self, data: TrainingSamples | None = None) -> dict[str, float]:

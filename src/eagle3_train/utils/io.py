@@ -27,6 +27,35 @@ def check_at_least(name: str, value: float | None, minimum: float) -> None:
         raise Eagle3InputError(f"{name} must be >= {minimum}, got {value}")
 
 
+def file_in(directory: Path, name: Any, what: str) -> Path:
+    """`directory / name` for a file name read from a file we did not write (an index's shard, a manifest entry):
+    a plain name of an entry of `directory`, never `..`, an absolute path or a link leading out of it (except the
+    hub cache's own links from a snapshot into its `blobs/`)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise Eagle3InputError(f"{what} names {name!r}, which is not a plain file name inside {directory}: refusing "
+                               f"to read it")
+    path = directory / name
+    if path.is_symlink():
+        target, root = path.resolve(), directory.resolve()
+        blobs = directory.parent.parent / "blobs"  # HF cache: REPO/snapshots/REV/NAME -> REPO/blobs/HASH
+        if not (target.is_relative_to(root) or (directory.parent.name == "snapshots"
+                                                 and target.is_relative_to(blobs.resolve()))):
+            raise Eagle3InputError(f"{what} names {name!r}, a link from {directory} to {target}, outside it: "
+                                   f"refusing to read it")
+    return path
+
+
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a `*.safetensors.index.json` (tensor name -> weight file), each file a plain name beside
+    the index (`file_in`)."""
+    wm = read_json(index, "safetensors index").get("weight_map")
+    if not isinstance(wm, dict) or not wm:
+        raise Eagle3InputError(f"{index}: no 'weight_map' (tensor name -> shard file)")
+    for name in set(wm.values()):
+        file_in(index.parent, name, f"{index} (weight_map)")
+    return wm
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; rename it over `path` only if the block succeeds.

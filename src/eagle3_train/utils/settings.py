@@ -57,15 +57,19 @@ def _in_range(value: float, valid: str) -> bool:
 
 
 def check_ranges(settings: Any, where: str = "") -> None:
-    """Every number of a settings dataclass is a number (never NaN) within its field's `valid` range."""
+    """Every number of a settings dataclass is a finite number (never NaN or +-inf, which would train a draft of NaN
+    without a word) within its field's `valid` range; the numbers of a list setting too."""
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        valid = f.metadata.get("valid")
-        if math.isnan(value) or (valid and not _in_range(value, valid)):
-            name = f"{where}: {f.name}" if where else f"{section_name(type(settings))}.{f.name}"
-            raise Eagle3InputError(f"{name} must be {valid or 'a number'}, got {value}")
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                continue
+            valid = f.metadata.get("valid")
+            if not math.isfinite(v) or (valid and not _in_range(v, valid)):
+                name = f"{where}: {f.name}" if where else f"{section_name(type(settings))}.{f.name}"
+                want = valid if math.isfinite(v) else f"a finite number{f' {valid}' if valid else ''}"
+                raise Eagle3InputError(f"{name} must be {want}, got {v}")
 
 
 # --- types -------------------------------------------------------------------------------------------------------
