@@ -507,6 +507,55 @@ class FakeServer:
         self.thread.join(30)
 
 
+# Replies an endpoint should never give, each read by `generate` as a counted skip or a stop, never a traceback.
+HOSTILE_REPLIES: dict[str, Any] = {
+    "reasoning-object": {"reasoning_content": {"thought": 1}}, "reasoning-number": {"reasoning_content": 5},
+    "reasoning-list": {"reasoning_content": ["a"]}, "content-number": {"content": 5},
+    "choices-empty": {"choices": []}, "choices-null": {"choices": None},
+    "usage-strings": {"usage": {"prompt_tokens": "10", "completion_tokens": "3", "total_tokens": "13"}},
+    "cut-json": b'{"id": "x", "choices": [{"message": {"content": "ans', "html": b"<html><body>proxy</body></html>",
+    "huge": b'{"choices": [{"message": {"content": "' + b"x" * (50 << 20) + b'"}}]}',
+}
+
+
+class HostileServer(FakeServer):
+    """Answers /v1/models as a server should and every chat request with the hostile reply `mode` (a key of
+    HOSTILE_REPLIES), or `trickle`: a valid reply one byte a second."""
+
+    def __init__(self, mode: str, model: str = "fake") -> None:
+        from aiohttp import web
+
+        self.mode, self.model, self.served, self.loop = mode, model, 0, asyncio.new_event_loop()
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            self.served += 1
+            good = {"id": "x", "object": "chat.completion", "created": 0, "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"},
+                                 "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+            if mode == "trickle":
+                resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+                await resp.prepare(request)
+                for b in json.dumps(good).encode():
+                    await resp.write(bytes([b]))
+                    await asyncio.sleep(1.0)
+                return resp
+            bad = HOSTILE_REPLIES[mode]
+            if isinstance(bad, bytes):
+                return web.Response(body=bad, content_type="text/html" if mode == "html" else "application/json")
+            if "choices" in bad or "usage" in bad:
+                return web.json_response({**good, **bad})
+            good["choices"][0]["message"].update(bad)
+            return web.json_response(good)
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", chat)
+        self._start(app)
+
+
 class FaultyProxy(FakeServer):
     """Forwards to `target`, slowly (latency_s), dropping a share of connections before forwarding and a share after
     the server answered (its work is lost)."""

@@ -99,7 +99,7 @@ def test_a_bad_index_is_one_clear_error(tmp_path):
     with pytest.raises(Eagle3InputError, match="names no final norm tensor"):
         final_norm_file(tmp_path)
     (tmp_path / WEIGHT_INDEX).write_text(json.dumps({"metadata": {}}))
-    with pytest.raises(Eagle3InputError, match="has no weight_map"):
+    with pytest.raises(Eagle3InputError, match="no .weight_map."):
         final_norm_file(tmp_path)
 
 

@@ -300,3 +300,45 @@ def test_original_answers_fill_in_for_the_conversations_not_regenerated(tmp_path
     assert rows[2]["messages"] == source[0].messages
     mixed, info = load_conversations(str(out))  # prepare reads it like any messages JSONL
     assert len(list(mixed)) == 6 and info.format == "messages"
+
+
+@pytest.mark.parametrize("mode", ["reasoning-object", "reasoning-number", "reasoning-list", "content-number",
+                                  "choices-empty", "choices-null", "usage-strings", "cut-json", "html", "huge"])
+def test_a_malformed_reply_is_a_counted_skip_never_a_traceback_or_a_repr(tmp_path, mode):
+    """Every reply is parsed against what we read (serving/replies.py): a wrong type, a missing field, a body far
+    larger than max_tokens allows or one that is not JSON skips that conversation, its reason counted; past
+    MALFORMED_STOP such replies the run stops (resumable) rather than skip the whole data set."""
+    from reliability_campaign import HostileServer
+
+    from eagle3_train.generate.regenerate import MALFORMED_STOP
+
+    src = tmp_path / "src.jsonl"
+    n = MALFORMED_STOP + 2
+    src.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                                   {"role": "assistant", "content": "a"}]}) + "\n"
+                           for i in range(n)))
+    server = HostileServer(mode)
+    try:
+        with pytest.raises(Eagle3InputError, match=r"replies that are not OpenAI chat completions.*reply_"):
+            regenerate(src, tmp_path / "out", [server.url], "fake", max_tokens=8, max_retries=0, concurrency=1)
+    finally:
+        server.close()
+    skipped = [json.loads(x) for x in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert len(skipped) == MALFORMED_STOP and all(s["reason"].startswith("reply_") for s in skipped), skipped
+    assert not (tmp_path / "out" / "conversations.jsonl").read_text().strip()  # nothing trained on
+
+
+def test_a_server_trickling_its_reply_cannot_hold_a_request_past_the_timeout(tmp_path):
+    from reliability_campaign import HostileServer
+
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "c0", "messages": [{"role": "user", "content": "q"},
+                                                        {"role": "assistant", "content": "a"}]}) + "\n")
+    server = HostileServer("trickle")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Eagle3InputError, match="no complete reply within 2 s"):
+            regenerate(src, tmp_path / "out", [server.url], "fake", max_tokens=8, max_retries=1, timeout_s=2.0)
+    finally:
+        server.close()
+    assert time.monotonic() - t0 < 30  # two attempts of 2 s and a backoff, not the reply's ~150 s

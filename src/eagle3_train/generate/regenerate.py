@@ -254,7 +254,7 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             truncated = "context_too_long"
             break
         except RequestRejected as e:
-            return None, {"id": conv_id, "reason": "rejected", "detail": str(e)[:300]}
+            return None, {"id": conv_id, "reason": e.reason, "detail": str(e)[:300]}
         prefer = reply.endpoint
         stats.requests += 1
         tokens = int(reply.usage.get("completion_tokens", 0))
@@ -661,6 +661,19 @@ def _file_counts(out_path: Path, skip_path: Path) -> tuple[dict[str, int], dict[
     return {"done": done, "truncated": truncated, "cut_at_max_tokens": cut}, dict(sorted(skipped.items()))
 
 
+# A server whose replies we cannot read is broken, not a source of a few bad samples: past this many (and half of the
+# conversations handled) the run stops, resumable, instead of skipping the whole data set.
+MALFORMED_STOP = 8
+
+
+def _stop_on_malformed_replies(stats: Any, url: str) -> None:
+    bad = {k: v for k, v in stats.skipped.items() if k.startswith("reply_")}
+    if sum(bad.values()) >= MALFORMED_STOP and 2 * sum(bad.values()) > stats.handled:
+        raise Eagle3InputError(f"{url} answered {sum(bad.values())} of {stats.handled} conversations with replies "
+                               f"that are not OpenAI chat completions ({bad}; the details are in skipped.jsonl): "
+                               f"check the endpoint, then rerun the same command (finished conversations are kept)")
+
+
 async def _work(report: _Report, conversations: Any, sampling: Sampling, run: _Run, style: ThinkingStyle,
                 out_log: AppendLog, skip_log: AppendLog, bar: Any) -> None:
     """`run.concurrency` workers share one iterator of conversations. After the first wave (one conversation per
@@ -684,6 +697,7 @@ async def _work(report: _Report, conversations: Any, sampling: Sampling, run: _R
             else:
                 skip_log.append(skipped)
                 stats.skipped[skipped["reason"]] += 1
+                _stop_on_malformed_replies(stats, report.pool.endpoints[0].url)
             wall = max(time.monotonic() - report.t0, 1e-9)
             thought = stats.reasoning_tokens / max(stats.reasoning_tokens + stats.answer_tokens, 1e-9)
             bar.set_postfix(req_s=f"{stats.requests / wall:.2f}", tok_s=f"{stats.completion_tokens / wall:.1f}",

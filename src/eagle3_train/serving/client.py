@@ -18,6 +18,15 @@ from typing import Any
 
 import openai
 
+from eagle3_train.serving.replies import (
+    MalformedReply,
+    chat_reply,
+    completion_reply,
+    model_cards,
+    read_body,
+    reply_limit,
+)
+
 log = logging.getLogger(__name__)
 
 # Phrases vLLM (and other OpenAI-compatible servers) use when prompt + output exceed the model's context.
@@ -45,7 +54,10 @@ class ContextTooLongError(Exception):
 
 
 class RequestRejected(Exception):
-    """The server rejected this request (4xx other than the above): this sample is skipped."""
+    """The server rejected this request (4xx other than the above), or answered it with a malformed reply
+    (`reason` says which): this sample is skipped."""
+
+    reason = "rejected"
 
 
 @dataclass
@@ -88,16 +100,9 @@ def is_context_error(status: int, text: str) -> bool:
     return status in (400, 413, 422) and any(p in low for p in _CONTEXT_PHRASES)
 
 
-def _extra(obj: Any, key: str) -> Any:
-    """A field an OpenAI-compatible server adds to the response (kept by the client's models as extras)."""
-    return getattr(obj, key, None) if hasattr(obj, key) else (getattr(obj, "model_extra", None) or {}).get(key)
-
-
-def _reasoning_of(message: Any) -> str | None:
-    for key in ("reasoning_content", "reasoning"):
-        if value := _extra(message, key):
-            return str(value)
-    return None
+class _Deadline(Exception):
+    """The whole request (not one socket read) took longer than the client's timeout: a server trickling its
+    reply holds no slot past it. Retried like any timeout."""
 
 
 class ChatPool:
@@ -112,6 +117,7 @@ class ChatPool:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
+        self.timeout_s = timeout_s
         self.endpoints = [
             _Endpoint(url=u.rstrip("/"), client=openai.AsyncOpenAI(base_url=u.rstrip("/"), api_key=api_key,
                                                                    timeout=timeout_s, max_retries=0))
@@ -131,12 +137,14 @@ class ChatPool:
         for ep in self.endpoints:
             for attempt in range(attempts):
                 try:
-                    cards = [m async for m in ep.client.models.list()]
-                    models = [m.id for m in cards]
+                    cards = await self._cards(ep)
+                    models = [m["id"] for m in cards]
                     self.model_card = self.model_card or next(
-                        ({"root": getattr(m, "root", None), "max_model_len": getattr(m, "max_model_len", None)}
-                         for m in cards if m.id == self.model), {})
+                        ({"root": m["root"], "max_model_len": m["max_model_len"]} for m in cards
+                         if m["id"] == self.model), {})
                     break
+                except MalformedReply as e:
+                    raise FatalRequestError(f"{ep.url}/models: {e}; is it an OpenAI-compatible server?") from None
                 except openai.APIConnectionError as e:
                     if attempt == attempts - 1:
                         raise EndpointUnavailable(f"cannot reach {ep.url}: {e}. Is the server running? "
@@ -163,7 +171,7 @@ class ChatPool:
         """The name of the one model the first endpoint serves (for callers given no model name)."""
         ep = self.endpoints[0]
         try:
-            models = [m.id async for m in ep.client.models.list()]
+            models = [m["id"] for m in await self._cards(ep)]
         except Exception as e:  # noqa: BLE001 - reported as one clear error
             raise EndpointUnavailable(f"cannot list the models of {ep.url} ({e}); is the server running?") from None
         if len(models) != 1:
@@ -181,19 +189,34 @@ class ChatPool:
         if extra_body:
             kwargs["extra_body"] = extra_body
 
+        limit = reply_limit(max_tokens, sum(len(str(m.get("content") or "")) + len(str(m.get("reasoning_content")
+                                                                                         or "")) for m in messages))
+
         async def send(ep: _Endpoint, i: int, t0: float) -> ChatReply:
-            r = await ep.client.chat.completions.create(**kwargs)
-            choice = r.choices[0]
-            usage = r.usage.model_dump(include={"prompt_tokens", "completion_tokens", "total_tokens"}) \
-                if r.usage else {}
-            calls = [c.model_dump(include={"id", "type", "function"}) for c in choice.message.tool_calls or []]
-            return ChatReply(content=choice.message.content or "", reasoning=_reasoning_of(choice.message),
+            r = chat_reply(await self._body(ep.client.chat.completions.with_streaming_response.create(**kwargs),
+                                            limit))
+            choice, usage = r.choices[0], r.usage.model_dump(exclude_none=True) if r.usage else {}
+            message = choice.message
+            calls = [c.model_dump(include={"id", "type", "function"}) for c in message.tool_calls or []]
+            return ChatReply(content=message.content or "", reasoning=message.reasoning_content or message.reasoning,
                              finish_reason=choice.finish_reason, usage=usage, endpoint=i,
                              latency_s=time.monotonic() - t0, tool_calls=calls or None,
-                             prompt_token_ids=_extra(r, "prompt_token_ids"), token_ids=_extra(choice, "token_ids"),
-                             stop_reason=_extra(choice, "stop_reason"))
+                             prompt_token_ids=r.prompt_token_ids, token_ids=choice.token_ids,
+                             stop_reason=choice.stop_reason)
 
         return await self._with_retries(send, prefer)
+
+    async def _body(self, response: Any, limit: int) -> bytes:
+        """The body of a streamed response, read up to `limit` bytes within the total deadline."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with response as r:
+                    return await read_body(r.iter_bytes(), limit)
+        except TimeoutError:
+            raise _Deadline(f"no complete reply within {self.timeout_s:g} s") from None
+
+    async def _cards(self, ep: _Endpoint) -> list[dict[str, Any]]:
+        return model_cards(await self._body(ep.client.models.with_streaming_response.list(), reply_limit(1 << 12)))
 
     async def complete_tokens(self, prompt_token_ids: list[int], *, prefer: int | None = None, max_tokens: int = 1,
                               temperature: float = 0.0, seed: int | None = None,
@@ -202,10 +225,13 @@ class ChatPool:
         response as a dict (with server-specific fields such as vLLM's `kv_transfer_params`) and the endpoint used."""
         sampling: dict[str, Any] = {"temperature": temperature, **({"seed": seed} if seed is not None else {})}
 
+        limit = reply_limit(max_tokens, 2 * len(prompt_token_ids))
+
         async def send(ep: _Endpoint, i: int, t0: float) -> tuple[dict[str, Any], int]:
-            r = await ep.client.completions.create(model=self.model, prompt=prompt_token_ids, max_tokens=max_tokens,
-                                                   extra_body=extra_body or None, **sampling)
-            return r.model_dump(), i
+            r = ep.client.completions.with_streaming_response.create(
+                model=self.model, prompt=prompt_token_ids, max_tokens=max_tokens, extra_body=extra_body or None,
+                **sampling)
+            return completion_reply(await self._body(r, limit)), i
 
         return await self._with_retries(send, prefer)
 
@@ -222,6 +248,10 @@ class ChatPool:
                 result = await send(ep, i, time.monotonic())
                 ep.failures = 0
                 return result
+            except MalformedReply as e:
+                rejected = RequestRejected(f"{ep.url}: {e}")
+                rejected.reason = f"reply_{e.reason}"
+                raise rejected from None
             except openai.APIStatusError as e:
                 status, text = e.status_code, _error_text(e)
                 if status in (401, 403):
@@ -235,9 +265,9 @@ class ChatPool:
                 if status not in (408, 429) and status < 500:
                     raise RequestRejected(f"{status}: {text}") from None
                 error = f"{status}: {text}"
-            except openai.APIConnectionError as e:  # includes timeouts
+            except (openai.APIConnectionError, _Deadline) as e:  # includes timeouts
                 error = f"{type(e).__name__}: {e}"
-                dropped = attempt == 0 and not isinstance(e, openai.APITimeoutError)
+                dropped = attempt == 0 and not isinstance(e, openai.APITimeoutError | _Deadline)
             finally:
                 ep.in_flight -= 1
             ep.failures += 1
