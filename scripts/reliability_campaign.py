@@ -52,7 +52,7 @@ TINY_LLAMA = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads"
               "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True, "bos_token_id": 1,
               "eos_token_id": 2, "pad_token_id": 2, "initializer_range": 0.5}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
-STAGES = ("kill-extract", "kill-train", "kill-run", "kill-generate", "inputs", "ownership", "load")
+STAGES = ("kill-extract", "kill-train", "kill-run", "kill-generate", "inputs", "ownership", "replies", "load")
 # Files whose content legitimately differs between two runs (clock, host): compared by name only.
 VOLATILE = ("manifest.json", "training_metadata.json", "metrics.jsonl", "metrics.png", "pipeline_state.json",
             "pipeline_config.json", "summary.json", "vllm.log")
@@ -1227,6 +1227,7 @@ def ownership(c: Campaign, a: Assets) -> None:
                 victim_dir, "exit 2; the file neither read nor deleted", ("refusing to read or delete",))
         finally:
             endpoint.close()
+    ownership_by_file_list(c, a, d, run_dir, hs_dir, row)
     good = a.source.read_bytes().splitlines()
     cut = d / "cut.jsonl"
     cut.write_bytes(b"\n".join([good[0], good[1][: len(good[1]) // 2].rsplit(b",", 1)[0] + b",", *good[2:6]]) + b"\n")
@@ -1237,6 +1238,149 @@ def ownership(c: Campaign, a: Assets) -> None:
         check=lambda: "" if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text())[
             "counts"]["bad_records"] == {"invalid_json": 1} and json.loads((out / "manifest.json").read_text())[
             "counts"]["conversations_read"] == 5 else "the wrong records were skipped")
+
+
+def _copy_without_dot_files(src: Path, dst: Path) -> Path:
+    """What `cp -r out/* copy/` makes of an output (our marker is a dot file), plus the user's NOTES.txt."""
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    for entry in src.iterdir():
+        if not entry.name.startswith("."):
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, dst / entry.name)
+    (dst / "NOTES.txt").write_text("the user's own notes\n")
+    return dst
+
+
+def _poisoned_copy(src: Path, dst: Path) -> Path:
+    """A copy of checkpoint `src` with one NaN in its fc weight."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    tensors["fc.weight"].view(-1)[7] = float("nan")
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def ownership_by_file_list(c: Campaign, a: Assets, d: Path, run_dir: Path, hs_dir: Path, row: Callable) -> None:
+    """Issue 38's classes: a directory is ours only for the files its marker lists; paths read from files we did not
+    write stay inside their directory; a NaN never becomes a draft."""
+    export = d / "exp"
+    c.run(c.cli("export", run_dir, "--out", export, "--format", "eagle"))
+    converted = d / "converted"
+    c.run(c.cli("convert-verifier", a.verifier, "--out", converted))
+    adopt = ("eagle3-train adopt",)
+    for stage, src, cmd, must in (
+            ("export", export, lambda o: c.cli("export", run_dir, "--out", o, "--format", "eagle", "--overwrite"),
+             adopt),
+            ("prepare", d.parent / "ownership" / "userB" / "prep",
+             lambda o: c.cli("prepare", "--data", a.source, "--verifier", a.verifier, "--out", o, "--max-length", "128",
+                             "--val-count", "3", "--overwrite"), adopt),
+            ("convert-verifier", converted, lambda o: c.cli("convert-verifier", a.verifier, "--out", o), ()),
+            ("extract", a.hidden, lambda o: [*extract_cmd(c, a, o), "--overwrite"], adopt),
+            ("train", run_dir, lambda o: [*train_cmd(c, a, o), "--overwrite"], adopt)):
+        if src.is_dir():
+            copy = _copy_without_dot_files(src, d / f"copy-{stage}")
+            row(f"{stage} into a copy made without its dot files (cp -r out/* copy/) plus the user's NOTES.txt",
+                cmd(copy), copy, "exit 2 (naming `eagle3-train adopt` where recognisable); every file kept",
+                (str(copy), *must))
+    for what, marker in (("no file list (an older version's)", {"tool": "eagle3-train", "stage": "export"}),
+                         ("an empty file list (a failed run's)", {"tool": "eagle3-train", "stage": "export",
+                                                                   "files": []})):
+        bare = d / f"bare-{len(marker)}"
+        shutil.rmtree(bare, ignore_errors=True)
+        bare.mkdir()
+        (bare / ".eagle3-train.json").write_text(json.dumps(marker))
+        (bare / "serve.sh").write_text("vllm serve ...\n")
+        row(f"export --overwrite into a directory whose marker has {what}, holding the user's serve.sh",
+            c.cli("export", run_dir, "--out", bare, "--format", "eagle", "--overwrite"), bare,
+            "exit 2; serve.sh kept", (str(bare),))
+    hs = d / "hs-own"
+    if not (hs / "manifest.json").is_file():
+        c.run(extract_cmd(c, a, hs))
+    backup = hs / "train.bak"
+    if not backup.is_dir():
+        shutil.copytree(hs / "train", backup)
+    row("extract --overwrite beside the user's train.bak/ of shards", [*extract_cmd(c, a, hs), "--overwrite"],
+        backup, "exit 0; train.bak/ untouched", code=0)
+    import torch
+    from safetensors.torch import save_file
+
+    mine = hs_dir / "notes.safetensors"
+    save_file({"x": torch.zeros(2)}, str(mine))
+    endpoint = HostileEndpoint(str(mine))
+    try:
+        row("extract --backend vllm: the endpoint names the user's safetensors file inside --hidden-states-dir",
+            c.cli("extract", "--backend", "vllm", "--endpoint", endpoint.url, "--prepared", a.prepared,
+                  "--verifier", a.verifier, "--out", d / "hs-named", "--hidden-states-dir", hs_dir), hs_dir,
+            "exit 2; the file kept", ("lacks hidden_states",))
+    finally:
+        endpoint.close()
+    evil = d / "escaping-index"
+    shutil.rmtree(evil, ignore_errors=True)
+    shutil.copytree(run_dir / "final", evil)
+    names = list(json.loads((evil / "model.safetensors").read_bytes()[8:8 + int.from_bytes(
+        (evil / "model.safetensors").read_bytes()[:8], "little")]))
+    (evil / "model.safetensors").rename(d / "outside.safetensors")
+    (evil / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: "../outside.safetensors" for k in names if k != "__metadata__"}}))
+    row("inspect a draft whose index names ../outside.safetensors", c.cli("inspect", evil), d,
+        "exit 2; the file outside not read", ("refusing to read it",))
+    row("finetune from a draft whose index names ../outside.safetensors",
+        train_cmd(c, a, d / "t-escaping", extra=("--finetune-from", str(evil))), d,
+        "exit 2; the file outside not read", ("refusing to read it",))
+    nan = _poisoned_copy(run_dir / "final", d / "nan-source")
+    row("finetune from a source holding one NaN", train_cmd(c, a, d / "t-nan", extra=("--finetune-from", str(nan))),
+        nan, "exit 2 naming the tensor", ("'fc.weight' holds 1 NaN/inf",))
+    row("export a checkpoint holding one NaN", c.cli("export", nan, "--out", d / "nan-export", "--format", "eagle"),
+        nan, "exit 2 naming the tensor", ("'fc.weight' holds 1 NaN/inf",))
+    row("evaluate offline a checkpoint holding one NaN",
+        c.cli("evaluate", "offline", "--draft", nan, "--verifier", a.verifier, "--num-prompts", "1"), nan,
+        "exit 2 naming the tensor", ("'fc.weight' holds 1 NaN/inf",))
+
+
+def replies(c: Campaign, a: Assets) -> None:
+    """generate against endpoints whose replies are malformed, oversized or trickled: a clean stop naming the
+    reasons (past MALFORMED_STOP skips), never a traceback, a repr in the data, or a hang."""
+    d = c.out / "replies"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    for mode in [*HOSTILE_REPLIES, "trickle"]:
+        fault = f"generate against an endpoint replying {mode}"
+        if not c.wanted(fault):
+            continue
+        server = HostileServer(mode)
+        out = d / mode
+        cmd = c.cli("generate", "--data", a.source, "--endpoint", server.url, "--model", "fake", "--out", out,
+                    "--limit", "12", "--max-tokens", "8", "--max-retries", "0", "--concurrency", "2",
+                    "--timeout", "3")
+        t0 = time.monotonic()
+        try:
+            r = c.run(cmd, timeout=120)
+        finally:
+            server.close()
+        want = ("no complete reply within 3 s",) if mode == "trickle" else ("not OpenAI chat completions",)
+        ok, text = clean_error(r, *want)
+        rows = (out / "conversations.jsonl").read_text().strip() if (out / "conversations.jsonl").is_file() else ""
+        c.add(Row("generate (replies)", fault, "exit 2 naming the reason; nothing stored from the bad replies",
+                  text, ok and not rows, 0, command_text(cmd), time.monotonic() - t0))
+    bad = d / "bad-lr.yaml"
+    bad.write_text(json.dumps({"run_dir": str(d / "run"), "verifier": str(a.verifier),
+                               "prepare": {"data": str(a.source)}, "train": {"lr": float("inf")}}).replace(
+        "Infinity", ".inf"))
+    for fault, cmd in (("train --lr inf", train_cmd(c, a, d / "t-inf", extra=("--lr", "inf"))),
+                       ("train --set train.lr=.inf", train_cmd(c, a, d / "t-inf", extra=("--set", "train.lr=.inf"))),
+                       ("train --step-decay 1e308", train_cmd(c, a, d / "t-inf", extra=("--step-decay", "1e308"))),
+                       ("train --noise inf", train_cmd(c, a, d / "t-inf", extra=("--noise", "inf"))),
+                       ("run --dry-run with lr: .inf in the config", c.cli("run", "--config", bad, "--dry-run"))):
+        if not c.wanted(fault):
+            continue
+        t0 = time.monotonic()
+        r = c.run(cmd)
+        ok, text = clean_error(r, "lr" if "lr" in fault else ("step_decay" if "decay" in fault else "noise"))
+        c.add(Row("settings", fault, "exit 2 naming the setting", text, ok, 0, command_text(cmd),
+                  time.monotonic() - t0))
 
 
 def write_foreign_draft(out: Path) -> Path:
@@ -1325,7 +1469,8 @@ def main(argv: list[str] | None = None) -> int:
     work: dict[str, Callable[[], None]] = {
         "kill-extract": lambda: kill_extract(c, a), "kill-train": lambda: kill_train(c, a),
         "kill-run": lambda: kill_run(c, a), "kill-generate": lambda: kill_generate(c, a),
-        "inputs": lambda: inputs(c, a), "ownership": lambda: ownership(c, a), "load": lambda: load_test(c)}
+        "inputs": lambda: inputs(c, a), "ownership": lambda: ownership(c, a), "replies": lambda: replies(c, a),
+        "load": lambda: load_test(c)}
     for s in stages:
         print(f"== {s}", flush=True)
         try:

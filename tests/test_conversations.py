@@ -146,6 +146,18 @@ def test_duplicate_ids_renamed(tmp_path):
     assert info.renamed_duplicate_ids == 1 and info.duplicates_dropped == 2
 
 
+def test_ids_are_unique_even_when_a_source_id_looks_like_a_renamed_one(tmp_path):
+    """`a, a, a#2`: the second `a` becomes a#2, so the third (the source's own a#2) must not be a second a#2."""
+    f = tmp_path / "ids.jsonl"
+    f.write_text("".join(json.dumps({"id": i, "messages": [{"role": "user", "content": f"q{n}"},
+                                                           {"role": "assistant", "content": "x"}]}) + "\n"
+                         for n, i in enumerate(["a", "a", "a#2", "a", "a#2"])))
+    convs, info = collect(f)
+    ids = [c.id for c in convs]
+    assert len(set(ids)) == 5 and ids[:2] == ["a", "a#2"], ids
+    assert info.renamed_duplicate_ids == 4  # every id after its first use
+
+
 # ---- bad input -------------------------------------------------------------------------------------------------
 
 def test_missing_file(tmp_path):

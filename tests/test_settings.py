@@ -386,3 +386,12 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.strip() == f"eagle3-train {__version__}"
+
+
+def test_a_key_given_twice_in_a_run_config_is_refused(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys without a word: a config whose second `lr` was meant to replace the
+    first, or a paste that doubled a section, must say so."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntrain:\n  lr: 1e-4\n  epochs: 2\n  lr: 3e-4\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
+    assert "key 'lr' is given twice (lines 3 and 5)" in capsys.readouterr().err

@@ -155,7 +155,8 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
             line = path.read_bytes().count(b"\n", 0, e.start) + 1
             raise Eagle3InputError(f"{path}, line {line}: not UTF-8 text (byte {e.start}); fix the file or pass "
                                    f"--skip-bad-records to skip such records") from None
-    seen: Counter[str] = Counter()
+    seen: Counter[str] = Counter()  # the last suffix given to a repeated id
+    emitted: set[str] = set()
     contents: set[str] = set()
     formats: Counter[str] = Counter()
     line, last = 1, 0
@@ -188,10 +189,14 @@ def _iter_file(path: Path, info: SourceInfo, limit: int | None) -> Iterator[Conv
         formats[fmt] += 1
         info.formats = dict(formats)
         info.format = fmt if len(formats) == 1 else "mixed"
-        seen[conv.id] += 1
-        if seen[conv.id] > 1:  # ShareGPT reuses some ids for different conversations; keep ids unique and stable
-            conv.id = f"{conv.id}#{seen[conv.id]}"
+        if conv.id in emitted:  # ShareGPT reuses some ids for different conversations; keep ids unique and stable
+            base, k = conv.id, seen[conv.id] or 1
+            while f"{base}#{k}" in emitted or k == 1:  # `a, a, a#2`: the third is a#2#2, not a second a#2
+                k += 1
+            seen[base] = k
+            conv.id = f"{base}#{k}"
             info.renamed_duplicate_ids += 1
+        emitted.add(conv.id)
         info.conversations += 1
         yield conv
         if limit is not None and info.conversations >= limit:

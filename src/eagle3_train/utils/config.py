@@ -12,12 +12,27 @@ from eagle3_train.utils.io import Eagle3InputError
 T = TypeVar("T")
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML keeps the last one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {seen[key] + 1} and "
+                                f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise Eagle3InputError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_UniqueKeys) or {}  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         raise Eagle3InputError(f"config file {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
