@@ -169,3 +169,21 @@ def test_the_family_table_decides_the_cpu_dtype_and_its_doc_is_current():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
     assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.assets.families " \
                                     "--markdown"
+
+
+def test_serve_refuses_a_draft_made_for_another_verifier_before_vllm_starts(ref, tiny_llama_dir, tmp_path, capsys):
+    """vLLM would load a draft of another hidden size or vocabulary and serve it, accepting nothing (a Kimi-K2 draft
+    came up "serving" beside SmolLM2 after 276 s): `serve` compares the two first."""
+    from draft_layouts import SMOL, write_speculators
+
+    from eagle3_train import cli
+
+    draft = write_speculators(ref, tmp_path / "spec")  # made for a SmolLM2-shaped verifier (hidden 576)
+    verifier = tiny_llama_dir()  # hidden 64
+    assert cli.main(["serve", "--verifier", str(verifier), "--draft", str(draft), "--port", "9"]) == 2
+    err = capsys.readouterr().err
+    assert f"the draft {draft}" in err and "hidden size 576" in err, err
+    same = tmp_path / "smol"
+    same.mkdir()
+    (same / "config.json").write_text(json.dumps(SMOL))
+    vllm_server.check_draft_serves_beside(draft, same)  # the verifier it was made for: no complaint

@@ -151,3 +151,22 @@ def test_prometheus_text_of_a_real_speculative_server(tmp_path_factory):
     assert sorted(c.accepted_per_pos) == list(range(k))
     assert sum(c.accepted_per_pos.values()) == c.num_accepted_tokens
     assert c.generation_tokens == counter_total(samples, "vllm:generation_tokens_total") > 0
+
+
+def test_a_block_size_refusal_names_the_side_that_is_mla(tmp_path):
+    """vLLM without AMX refuses an MLA cache beside a CPU-attention one, whichever side is MLA: the message says
+    which one the user should change."""
+    plain, mla = tmp_path / "plain", tmp_path / "mla"
+    for d, cfg in ((plain, {"model_type": "llama"}), (mla, {"model_type": "deepseek_v3", "kv_lora_rank": 512})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    log = tmp_path / "vllm.log"
+    log.write_text("ValueError: No common block size for CPU_MLA (16) and CPU_ATTN (32)\n")
+    said = {}
+    for name, (verifier, draft) in {"llama-beside-mla": (mla, plain), "mla-beside-llama": (plain, mla),
+                                    "mla-beside-mla": (mla, mla)}.items():
+        server = vs.VLLMServer(verifier, speculative=vs.speculative_config(draft), log_path=log)
+        said[name] = server._known_refusal()
+    assert "draft with ordinary attention beside an MLA verifier" in said["llama-beside-mla"]
+    assert "MLA draft beside a verifier with ordinary attention" in said["mla-beside-llama"]
+    assert said["mla-beside-mla"] is None

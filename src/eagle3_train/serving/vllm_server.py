@@ -362,9 +362,17 @@ class VLLMServer:
         text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.is_file() else ""
         if "No common block size" in text and "CPU_MLA" in text:
             # vLLM 0.32 on a CPU without AMX: MLA caches in blocks of 16, its CPU attention in multiples of 32
-            return ("on this CPU vLLM cannot serve a draft with ordinary attention beside an MLA verifier: their KV "
-                    "caches need block sizes with nothing in common (MLA 16, CPU attention a multiple of 32); serve "
-                    "an MLA draft (train.architecture mla), or use a GPU or a CPU with AMX")
+            verifier_mla = _uses_mla(Path(self.model))
+            draft = (self.speculative or {}).get("model")
+            if draft and verifier_mla == _uses_mla(Path(draft)):
+                return None  # not the pair this refusal is about: the log says the rest
+            if verifier_mla:
+                return ("on this CPU vLLM cannot serve a draft with ordinary attention beside an MLA verifier: their "
+                        "KV caches need block sizes with nothing in common (MLA 16, CPU attention a multiple of "
+                        "32); serve an MLA draft (train.architecture mla), or use a GPU or a CPU with AMX")
+            return ("on this CPU vLLM cannot serve an MLA draft beside a verifier with ordinary attention: their KV "
+                    "caches need block sizes with nothing in common (MLA 16, CPU attention a multiple of 32); train "
+                    "a Llama-layer draft (train.architecture llama) for this verifier, or use a GPU or a CPU with AMX")
         return None
 
     def _wait_ready(self, t0: float) -> None:
@@ -430,6 +438,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_settings_arguments(p, ServeSettings)
 
 
+def _uses_mla(model_dir: Path) -> bool:
+    """The model's config (a verifier's, or a draft's in either export format) has MLA attention."""
+    try:
+        text = (model_dir / "config.json").read_text()
+    except OSError:
+        return False
+    return '"kv_lora_rank"' in text and '"kv_lora_rank": null' not in text
+
+
+def check_draft_serves_beside(draft: str | os.PathLike, verifier_dir: Path) -> None:
+    """Refuse, before vLLM spends minutes loading, a draft made for another verifier (hidden size, vocabulary,
+    layers): vLLM itself would start and serve it, accepting nothing (a Kimi-K2 draft beside SmolLM2 came up)."""
+    from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
+    from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
+    from eagle3_train.utils.io import read_json
+
+    verifier = read_json(verifier_dir / "config.json", "verifier config")
+    loaded = load_draft_source(draft, shapes_only=True)
+    fill_default_aux_ids(loaded.config, verifier_dims(verifier)[2])  # none recorded: vLLM's default layers
+    check_draft_fits_verifier(loaded.config, verifier, f"the draft {draft}", str(verifier_dir),
+                              {**loaded.tensors, **loaded.extra}, loaded.source_name)
+
+
 def main(args: argparse.Namespace) -> int:
     from eagle3_train.utils.settings import settings_from_args
 
@@ -446,6 +477,8 @@ def main(args: argparse.Namespace) -> int:
         model = str(resolve_verifier(required_verifier(s.verifier, recorded, f"the draft {s.draft}" if s.draft
                                                        else "`serve` (no --draft)")))
         spec = speculative_config(s.draft, s.k) if s.draft else None
+        if s.draft:
+            check_draft_serves_beside(s.draft, Path(model))
     common = dict(port=s.port, host=s.host, max_model_len=s.max_model_len, dtype=s.dtype,
                   enforce_eager=s.enforce_eager, vllm_args=s.vllm_args,
                   served_model_name=s.served_model_name, log_path=s.log, startup_timeout=s.startup_timeout,
