@@ -124,3 +124,19 @@ def test_an_mla_draft_with_a_norm_over_the_taps_is_not_served_as_trained_by_vllm
     for source in sources:  # the fact the verdict rests on, read from the vLLM this project serves with
         text = Path(source).read_text()
         assert "norm_before_fc" not in text and "fc_norm" in text and "norm_output" in text
+
+
+def test_an_mla_draft_named_deepseek_v3_is_not_served_as_an_eagle3_draft_by_vllm(tmp_path):
+    """vLLM rewrites a deepseek_v3 draft into DeepSeek-MTP: inspect of such a published draft says so, while the
+    kimi_k2 model_type our MLA exports write is served."""
+    from test_mla_draft import mla_config
+
+    from eagle3_train.export.engines import engine_support
+
+    assert not engine_support(mla_config(), "eagle", model_type="deepseek_v3")["vllm"]["serves_as_trained"]
+    assert "DeepSeek-MTP" in engine_support(mla_config(), "eagle", model_type="deepseek_v3")["vllm"]["reasons"][0]
+    assert engine_support(mla_config(), "eagle", model_type="kimi_k2")["vllm"]["serves_as_trained"]
+    from eagle3_train.export.inspect import _layer_model_type
+
+    assert _layer_model_type({"model_type": "deepseek_v3"}) == "deepseek_v3"
+    assert _layer_model_type({"model_type": "x", "transformer_layer_config": {"model_type": "kimi_k2"}}) == "kimi_k2"

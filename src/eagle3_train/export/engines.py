@@ -33,10 +33,16 @@ _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
 _SGLANG_NEEDS = {"norm_output": "SGLang PR #24663 (cited by SpecForge PR #879; not served here)"}
 
 
-def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None) -> dict[str, dict[str, Any]]:
+def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None,
+                   model_type: str | None = None) -> dict[str, dict[str, Any]]:
     """Per engine: `serves_as_trained`, `reasons` (why not) and, for vLLM, what a release needs to serve it.
-    `aux_ids_origin`: where a published draft's config keeps its aux layer ids (our exports write vLLM's key)."""
+    `aux_ids_origin`: where a published draft's config keeps its aux layer ids (our exports write vLLM's key);
+    `model_type`: the layer's model_type as a published draft's config spells it (our exports write kimi_k2)."""
     vllm: list[str] = []
+    if cfg.architecture == "mla" and model_type == "deepseek_v3":
+        vllm.append("model_type deepseek_v3: vLLM (0.32) rewrites a deepseek_v3 draft into its DeepSeek-MTP model "
+                    "instead of deepseek_eagle3.py, so it does not serve it as an EAGLE-3 draft (finetune and export "
+                    "it: the export writes kimi_k2, which vLLM serves as one)")
     if aux_ids_origin == "nested":  # SGLang's output-of-layer ids, which vLLM (0.32 read) takes as input-of-layer
         vllm.append(f"its aux layer ids are only in eagle_config ({[i - 1 for i in cfg.aux_layer_ids]}, SGLang's "
                     f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "

@@ -56,6 +56,12 @@ def lineage(metadata: dict[str, Any] | None) -> list[dict[str, Any]]:
     return out
 
 
+def _layer_model_type(config: dict[str, Any]) -> str | None:
+    """The model_type vLLM reads for the draft's layer: the speculators format's layer config, else the top level."""
+    layer = config.get("transformer_layer_config")
+    return (layer if isinstance(layer, dict) else config).get("model_type")
+
+
 def inspect_checkpoint(path: str | Path, hash_files: bool = False) -> dict[str, Any]:
     """Summary, tensor shapes and lineage of a draft; `hash_files` adds each weight file's SHA-256 (reads it all)."""
     loaded = load_draft_source(path, shapes_only=True)
@@ -84,7 +90,7 @@ def inspect_checkpoint(path: str | Path, hash_files: bool = False) -> dict[str, 
         "renamed": loaded.renamed, "unknown": loaded.unknown, "notes": loaded.notes,
         "weight_files": files, "export": meta.get("export"), "lineage": lineage(loaded.metadata),
         "engines": engine_support(loaded.config, "speculators" if loaded.format == "speculators" else "eagle",
-                                  loaded.aux_ids_origin),
+                                  loaded.aux_ids_origin, _layer_model_type(loaded.source_config)),
     }
 
 
