@@ -395,3 +395,15 @@ def test_a_key_given_twice_in_a_run_config_is_refused(tmp_path, capsys):
     config.write_text(f"run_dir: {tmp_path / 'run'}\ntrain:\n  lr: 1e-4\n  epochs: 2\n  lr: 3e-4\n")
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
     assert "key 'lr' is given twice (lines 3 and 5)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA machine has the device")
+def test_a_cuda_device_on_a_machine_without_one_is_a_clear_error_everywhere(tmp_path, capsys):
+    assert cli_main(["train", "--prepared", "p", "--hidden-states", "h", "--vocab", "v", "--out", str(tmp_path / "o"),
+                     "--device", "cuda"]) == 2
+    assert "--device cuda was requested but torch sees no CUDA device" in capsys.readouterr().err
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\ntrain:\n  device: cuda:1\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
+    assert "train.device cuda:1 was requested but torch sees no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "o").exists()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, RunSettings
+from eagle3_train.settings import SECTIONS, SHARED_SECTIONS, ExtractSettings, PrepareSettings, RunSettings
 from eagle3_train.utils.config import apply_overrides, load_yaml
 from eagle3_train.utils.io import Eagle3InputError, read_json, sha256_file, sha256_json, write_json
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output, has_file, own, set_aside
@@ -67,6 +67,19 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
         out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given}
     return out
 
+
+
+def _check_stage_settings(ctx: RunContext, train_cfg: Any) -> None:
+    """What each stage checks of its own settings before it reads anything, checked before any stage runs (the
+    sections' types and ranges are checked when the config is read)."""
+    from eagle3_train.data.prepare import check_prepare_settings
+    from eagle3_train.utils.distributed import check_device
+
+    p = build_settings(PrepareSettings, ctx.cfg["prepare"], "config section 'prepare'", yaml_only=True)
+    check_prepare_settings(p.max_length, p.overflow, p.val_fraction, p.val_count, p.leading_assistant, p.reasoning)
+    ext = build_settings(ExtractSettings, ctx.cfg["extract"], "config section 'extract'", yaml_only=True)
+    check_device(ext.device, "extract.device")
+    check_device(train_cfg.device, "train.device")
 
 # The run directory's own files, beside one directory per stage (listed as each stage starts).
 _RUN_FILES = ("pipeline_state.json", "pipeline_config.json", "summary.json", "hidden-states-transfer",
@@ -176,6 +189,7 @@ class Pipeline:
         ctx = self._context()
         train_cfg = build_settings(TrainConfig, {**_train_values(ctx), "trust_remote_code": ctx.trust_remote_code},
                                    "config section 'train'")
+        _check_stage_settings(ctx, train_cfg)
         steps = self.plan(ctx)
         lines = [f"run --dry-run: config valid, verifier {ctx.verifier_dir}"]
         lines += [f"  {name}: {status} -> {where}" for name, (status, where) in steps.items()]

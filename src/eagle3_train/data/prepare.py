@@ -77,8 +77,10 @@ def _chat_template(arg: str | None) -> tuple[str | None, str]:
     raise Eagle3InputError(f"chat template file not found: {p} (expected a .jinja file or a template string)")
 
 
-def _check_settings(max_length: int, overflow: str, val_fraction: float, val_count: int | None,
-                    leading_assistant: str) -> None:
+def check_prepare_settings(max_length: int, overflow: str, val_fraction: float, val_count: int | None,
+                           leading_assistant: str, reasoning: str) -> None:
+    """What prepare refuses of its settings before reading anything (`run --dry-run` asks it too)."""
+    check_reasoning_mode(reasoning)
     check_at_least("max_length", max_length, 2)
     if overflow not in OVERFLOW_CHOICES:
         raise Eagle3InputError(f"overflow must be one of {OVERFLOW_CHOICES}, got {overflow!r}")
@@ -104,8 +106,7 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     made from other data, verifier or settings (without it that is refused; the same inputs are prepared again).
     """
     t0 = time.time()
-    _check_settings(max_length, overflow, val_fraction, val_count, leading_assistant)
-    check_reasoning_mode(reasoning)
+    check_prepare_settings(max_length, overflow, val_fraction, val_count, leading_assistant, reasoning)
     _check_not_inside(source, Path(out_dir))
     out_dir = claim_output_dir(out_dir, "prepare", "prepared output directory", stage_manifest("prepare"),
                                replaces=True, create=False)

@@ -44,11 +44,11 @@ def torch_dtype(name: str):
 def resolve_device(device: str | None) -> str:
     import torch
 
+    from eagle3_train.utils.distributed import check_device
+
     if device in (None, "", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise Eagle3InputError(f"--device {device} was requested but torch sees no CUDA device "
-                               f"(torch {torch.__version__}); use --device cpu")
+    check_device(device)
     return device
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from eagle3_train.utils.io import Eagle3InputError
+
 
 @dataclass
 class DistInfo:
@@ -38,9 +40,25 @@ def init_distributed(device_type: str) -> DistInfo:
     return info
 
 
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """A device this machine has: auto, cpu or cuda[:N] (a CUDA one only where torch sees a GPU)."""
+    if device in (None, "", "auto"):
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise Eagle3InputError(f"{flag} must be auto, cpu or cuda[:N], got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise Eagle3InputError(f"{flag} {device} was requested but torch sees no CUDA device "
+                               f"(torch {torch.__version__}); use {flag} cpu (or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise Eagle3InputError(f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def init_device(device: str) -> tuple[DistInfo, torch.device]:
     """This process's rank and device for `train.device`: auto (cuda if available), cpu or cuda[:N]; a CUDA device
     without an index is the local rank's GPU, and becomes the current device."""
+    check_device(device)
     use_cuda = (device == "auto" and torch.cuda.is_available()) or device.startswith("cuda")
     info = init_distributed("cuda" if use_cuda else "cpu")
     if device == "auto":
