@@ -1340,6 +1340,11 @@ def ownership_by_file_list(c: Campaign, a: Assets, d: Path, run_dir: Path, hs_di
         "exit 2 naming the tensor", ("'fc.weight' holds 1 NaN/inf",))
 
 
+def _without(cmd: list[str], flag: str) -> list[str]:
+    i = cmd.index(flag)
+    return cmd[:i] + cmd[i + 2:]
+
+
 def replies(c: Campaign, a: Assets) -> None:
     """generate against endpoints whose replies are malformed, oversized or trickled: a clean stop naming the
     reasons (past MALFORMED_STOP skips), never a traceback, a repr in the data, or a hang."""
@@ -1370,7 +1375,8 @@ def replies(c: Campaign, a: Assets) -> None:
                                "prepare": {"data": str(a.source)}, "train": {"lr": float("inf")}}).replace(
         "Infinity", ".inf"))
     for fault, cmd in (("train --lr inf", train_cmd(c, a, d / "t-inf", extra=("--lr", "inf"))),
-                       ("train --set train.lr=.inf", train_cmd(c, a, d / "t-inf", extra=("--set", "train.lr=.inf"))),
+                       ("train --set train.lr=.inf", _without(train_cmd(c, a, d / "t-inf", extra=(
+                           "--set", "train.lr=.inf")), "--lr")),  # an explicit --lr flag would win over --set
                        ("train --step-decay 1e308", train_cmd(c, a, d / "t-inf", extra=("--step-decay", "1e308"))),
                        ("train --noise inf", train_cmd(c, a, d / "t-inf", extra=("--noise", "inf"))),
                        ("run --dry-run with lr: .inf in the config", c.cli("run", "--config", bad, "--dry-run"))):

@@ -174,3 +174,32 @@ def test_an_index_naming_a_file_outside_the_draft_is_refused(ref, inputs, tmp_pa
     assert "refusing to read it" in capsys.readouterr().err
     with pytest.raises(Eagle3InputError, match="refusing to read it"):
         finetune_model(train_config(draft), inputs)
+
+
+@pytest.mark.parametrize("patch, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be a whole number >= 1, got 0"),
+    ({"num_key_value_heads": "3"}, "num_key_value_heads must be a whole number >= 1, got '3' (str)"),
+    ({"hidden_size": [576]}, "hidden_size must be a whole number >= 1, got [576] (list)"),
+    ({"aux_layer_ids": "2,15,27"}, "aux_layer_ids must be a list of 3 layer numbers"),
+    ({"vocab_size": None}, "vocab_size must be a whole number >= 1, got None"),
+    ({"rms_norm_eps": "x"}, "rms_norm_eps must be a finite number > 0"),
+    ({"norm_output": "yes"}, "norm_output must be true or false"),
+    ([1, 2], "must hold a JSON object, got list"),
+], ids=lambda p: json.dumps(p)[:30] if not isinstance(p, str) else "")
+def test_a_draft_config_of_wrong_types_is_one_clear_error_in_every_reader(ref, tmp_path, capsys, patch, message):
+    run = write_ours(ref, tmp_path / "run")
+    cfg_path = run / "final" / "draft_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(patch if isinstance(patch, list) else {**cfg, **patch}))
+    for argv in (["inspect", str(run)], ["export", str(run), "--out", str(tmp_path / "x"), "--format", "eagle"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and str(cfg_path) in err, (argv, err)
+
+
+def test_a_cut_off_weight_file_is_a_clear_error_for_export(ref, tmp_path, capsys):
+    run = write_ours(ref, tmp_path / "run")
+    weights = run / "final" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert cli.main(["export", str(run), "--out", str(tmp_path / "x"), "--format", "eagle"]) == 2
+    assert f"weight file {weights} cannot be read (corrupt or truncated?)" in capsys.readouterr().err

@@ -21,12 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.utils.finite import check_finite
-from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, write_json
+from eagle3_train.utils.io import Eagle3InputError, load_safetensors, read_json, save_safetensors, write_json
 from eagle3_train.utils.outputs import atomic_dir, marked_by, remove_owned
 
 WEIGHTS = "model.safetensors"
@@ -103,7 +102,7 @@ def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagl
     if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
         raise Eagle3InputError(f"{directory} is not an eagle3-train checkpoint (needs {CONFIG} and {WEIGHTS})")
     model = Eagle3Draft(DraftConfig.load(directory / CONFIG))
-    state = load_file(str(directory / WEIGHTS))
+    state = load_safetensors(directory / WEIGHTS)
     check_finite(state.items(), f"checkpoint {directory}", "a draft of NaN proposes nothing a verifier accepts: "
                  "use an earlier checkpoint of the run, or retrain (a lower lr, grad_clip > 0)")
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ class DraftConfig:
         return self.aux_hidden_size != self.hidden_size
 
     def __post_init__(self) -> None:
-        self.aux_layer_ids = tuple(int(i) for i in self.aux_layer_ids)
+        _check_field_types(self)
+        self.aux_layer_ids = tuple(self.aux_layer_ids)
         if len(self.aux_layer_ids) != 3:
             raise Eagle3InputError(f"aux_layer_ids must name 3 verifier layers, got {list(self.aux_layer_ids)}")
         if self.aux_layer_ids != (0, 0, 0):  # (0, 0, 0): "the verifier's default", filled in once it is known
@@ -161,6 +163,51 @@ class DraftConfig:
     def uses_default_aux_layers(self) -> bool:
         return self.verifier_num_layers is not None and \
             tuple(self.aux_layer_ids) == default_aux_layer_ids(self.verifier_num_layers)
+
+
+_COUNTS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+           "vocab_size", "draft_vocab_size", "max_position_embeddings", "num_layers")
+_OPTIONAL_COUNTS = ("target_hidden_size", "verifier_num_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                    "v_head_dim")
+_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_field_types(cfg: DraftConfig) -> None:
+    """Every field of the type it must have (a published config is a file we did not write: `"heads": "2"` or 0
+    heads must be one clear error, not a division by zero deep inside a layer)."""
+    def bad(name: str, want: str) -> Eagle3InputError:
+        v = getattr(cfg, name)
+        return Eagle3InputError(f"{name} must be {want}, got {v!r} ({type(v).__name__})")
+
+    for name in _COUNTS:
+        if not _is_int(getattr(cfg, name)) or getattr(cfg, name) < 1:
+            raise bad(name, "a whole number >= 1")
+    for name in _OPTIONAL_COUNTS:
+        v = getattr(cfg, name)
+        if v is not None and (not _is_int(v) or v < 1):
+            raise bad(name, "a whole number >= 1 (or null)")
+    if cfg.qk_nope_head_dim is not None and (not _is_int(cfg.qk_nope_head_dim) or cfg.qk_nope_head_dim < 0):
+        raise bad("qk_nope_head_dim", "a whole number >= 0 (or null)")
+    for name in ("rms_norm_eps", "rope_theta"):
+        v = getattr(cfg, name)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise bad(name, "a finite number > 0")
+    for name in _FLAGS:
+        if not isinstance(getattr(cfg, name), bool):
+            raise bad(name, "true or false")
+    for name in ("hidden_act", "architecture"):
+        if not isinstance(getattr(cfg, name), str):
+            raise bad(name, "a string")
+    if not isinstance(cfg.aux_layer_ids, list | tuple) or not all(_is_int(i) for i in cfg.aux_layer_ids):
+        raise bad("aux_layer_ids", "a list of 3 layer numbers")
+    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, dict):
+        raise bad("rope_scaling", "an object (or null)")
+    if not isinstance(cfg.verifier, dict):
+        raise bad("verifier", "an object")
 
 
 def _width(c: dict[str, Any], hidden_size: int | None, architecture: str | None) -> dict[str, Any]:

@@ -78,6 +78,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def load_safetensors(path: str | os.PathLike) -> dict[str, Any]:
+    """`safetensors.torch.load_file`, a damaged or cut-off file being one clear error naming it."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (OSError, ValueError, RuntimeError) as e:
+        raise Eagle3InputError(f"weight file {path} cannot be read (corrupt or truncated?): {e}") from None
+    except Exception as e:  # safetensors' own SafetensorError (a header cut short) is no subclass of these
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise Eagle3InputError(f"weight file {path} cannot be read (corrupt or truncated?): {e}") from None
+
+
 def save_safetensors(tensors: dict[str, Any], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """`safetensors.torch.save_file`, with an I/O failure (disk full, read-only) raised as an OSError naming the file.
 
@@ -102,13 +116,17 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """A JSON object file (configs, manifests, indexes, metadata): anything else is one clear error naming it."""
     path = Path(path)
     if not path.is_file():
         raise Eagle3InputError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise Eagle3InputError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise Eagle3InputError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
