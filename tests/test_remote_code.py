@@ -66,3 +66,31 @@ def test_pipeline_accepts_the_yaml_key(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\ntrust_remote_code: true\n")
     assert main(["run", "--config", str(config), "--dry-run"]) == 0
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran as code",))
+
+
+def test_a_verifier_whose_pickled_weights_hold_code_is_refused_clearly(tiny_llama_dir, tmp_path, capsys):
+    """torch.load(weights_only=True) refuses the pickle; the stages say why instead of a traceback."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+
+    src = tiny_llama_dir()
+    verifier = tmp_path / "verifier"
+    shutil.copytree(src, verifier, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(str(src / "model.safetensors"))
+    torch.save({**tensors, "extra": _RunsCode()}, verifier / "pytorch_model.bin")
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_train.assets.verifier import from_pretrained
+    from eagle3_train.utils.io import Eagle3InputError
+
+    with pytest.raises(Eagle3InputError, match="hold objects other than tensors"):
+        from_pretrained(AutoModelForCausalLM, verifier, False)
+    assert "this ran as code" not in capsys.readouterr().out

@@ -139,6 +139,8 @@ def resolve_verifier(name_or_path: str | Path = DEFAULT_VERIFIER, need: Need = "
 def from_pretrained(loader, path: str | Path, trust_remote_code: bool, **kw):
     """`loader.from_pretrained` with an explicit `trust_remote_code` (never transformers' interactive prompt): code
     that a checkpoint ships (auto_map, e.g. Kimi's tokenizer and config) runs only when the user asked for it."""
+    import pickle
+
     try:
         return loader.from_pretrained(path, trust_remote_code=bool(trust_remote_code), **kw)
     except ValueError as e:
@@ -147,6 +149,14 @@ def from_pretrained(loader, path: str | Path, trust_remote_code: bool, **kw):
                                    f"checkpoint's .py files, named by auto_map): loading it runs that code. Pass "
                                    f"--trust-remote-code (YAML: trust_remote_code: true) if you trust it") from None
         raise
+    except (pickle.UnpicklingError, OSError) as e:
+        text = str(e)
+        if "weights_only" not in text and "Weights only load failed" not in text:
+            raise
+        raise Eagle3InputError(f"{path}: its pickled weights (pytorch_model*.bin) hold objects other than tensors, "
+                               f"which loading would run as code; refusing to load them. Convert the checkpoint to "
+                               f"safetensors where you trust it (e.g. transformers' save_pretrained), or use a "
+                               f"safetensors copy of the model") from None
 
 
 def hub_snapshot(path: Path) -> tuple[str, str] | None:

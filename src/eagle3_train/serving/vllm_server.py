@@ -382,13 +382,13 @@ class VLLMServer:
                 known = self._known_refusal()
                 if known:
                     raise Eagle3InputError(f"vLLM refused to start ({known}); log {self.log_path}")
-                raise RuntimeError(f"vLLM server exited with code {self.proc.returncode} during start-up "
-                                   f"(log {self.log_path}); last lines:\n{self.log_tail()}")
+                raise ServerStartError(f"vLLM server exited with code {self.proc.returncode} during start-up "
+                                       f"(log {self.log_path}); last lines:\n{self.log_tail()}")
             if _http_ok(self.root_url + "/health") and _http_ok(self.base_url + "/models"):
                 return
             if time.monotonic() - t0 > self.startup_timeout:
-                raise TimeoutError(f"vLLM server not ready after {self.startup_timeout:.0f} s (log {self.log_path});"
-                                   f" last lines:\n{self.log_tail()}")
+                raise ServerStartTimeout(f"vLLM server not ready after {self.startup_timeout:.0f} s (log "
+                                         f"{self.log_path}); last lines:\n{self.log_tail()}")
             time.sleep(1.0)
 
     def running(self) -> bool:
@@ -436,6 +436,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from eagle3_train.utils.settings import add_settings_arguments
 
     add_settings_arguments(p, ServeSettings)
+
+
+class ServerStartError(Eagle3InputError, RuntimeError):
+    """vLLM exited while starting (it refused the model, the draft or an option): the CLI prints it and the log's
+    last lines, no traceback."""
+
+
+class ServerStartTimeout(Eagle3InputError, TimeoutError):
+    """vLLM did not answer within the start-up timeout."""
 
 
 def _uses_mla(model_dir: Path) -> bool:
