@@ -1019,6 +1019,16 @@ def disk_full(c: Campaign, a: Assets, row: Callable[..., Any]) -> None:
     """A disk that runs full during extract and during a checkpoint write; after freeing space the rerun resumes and
     ends identical to an uninterrupted run."""
     d = c.out / "inputs"
+    if c.wanted("full disk during convert-verifier"):
+        with small_fs(d / "full-convert", 2 << 20) as mounted:  # the tiny verifier's weights need ~13 MB
+            cmd = c.cli("convert-verifier", a.verifier, "--out", d / "full-convert" / "verifier")
+            r = subprocess.run(cmd, capture_output=True, text=True, env=c.env, errors="replace",
+                               preexec_fn=None if mounted else fsize_limit(200_000))
+            ok, text = clean_error(r, "space" if mounted else "large")
+            left = [p.name for p in (d / "full-convert").iterdir() if p.name != "filler"]
+            c.add(Row("convert-verifier", "full disk during convert-verifier --out", "exit 2 naming the space; no "
+                      "half-written directory left", text + (f"; left: {left}" if left else ""), ok and not left, 0,
+                      command_text(cmd)))
     if not any(c.wanted(f"full disk during {s}") for s in ("extract", "train")):
         return
     ref_extract = d / "full-ref-extract"

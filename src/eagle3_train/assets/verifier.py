@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from eagle3_train.utils.io import Eagle3InputError, sha256_file, sha256_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, sha256_file, sha256_json, write_errors_as_os_errors, write_json
 from eagle3_train.utils.outputs import atomic_dir, has_file
 from eagle3_train.utils.paths import cache_dir
 
@@ -94,8 +94,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
     with atomic_dir(out_dir, *_OUTPUT, _converted) as tmp:  # the directory appears only when complete
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        with write_errors_as_os_errors(tmp):  # a full disk: the CLI's clear message, not a traceback
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
         cfg = json.loads(cfg_path.read_text())
         cfg.pop("quantization_config", None)
@@ -322,7 +323,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     path = resolve_verifier(args.verifier)
     if args.out:  # never into a directory of someone else's files
-        with atomic_dir(args.out, *_OUTPUT, _converted) as tmp:
+        with atomic_dir(args.out, *_OUTPUT, _converted) as tmp, write_errors_as_os_errors(tmp):
             shutil.copytree(path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".eagle3-train.*"))
         path = Path(args.out)
     print(path)

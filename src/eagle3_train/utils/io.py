@@ -100,13 +100,24 @@ def save_safetensors(tensors: dict[str, Any], path: str | os.PathLike, metadata:
     """
     from safetensors.torch import save_file
 
-    try:
+    with write_errors_as_os_errors(path):
         save_file(tensors, str(path), metadata=metadata)
+
+
+@contextmanager
+def write_errors_as_os_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A writer's I/O failure (disk full, read-only) that safetensors (also inside transformers' save_pretrained)
+    reports as its own error, with the OS error number in its text, raised as the OSError it is, naming `path`
+    (so is shutil.copytree's collected shutil.Error, whose errno is None)."""
+    try:
+        yield
     except Exception as e:
-        m = re.search(r"os error (\d+)", str(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        m = re.search(r"os error (\d+)|\[Errno (\d+)\]", str(e))
         if m is None:
             raise
-        code = int(m.group(1))
+        code = int(m.group(1) or m.group(2))
         raise OSError(code, os.strerror(code), str(path)) from None
 
 
