@@ -1280,21 +1280,17 @@ def ownership_by_file_list(c: Campaign, a: Assets, d: Path, run_dir: Path, hs_di
     c.run(c.cli("export", run_dir, "--out", export, "--format", "eagle"))
     converted = d / "converted"
     c.run(c.cli("convert-verifier", a.verifier, "--out", converted))
-    adopt = ("eagle3-train adopt",)
-    for stage, src, cmd, must in (
-            ("export", export, lambda o: c.cli("export", run_dir, "--out", o, "--format", "eagle", "--overwrite"),
-             adopt),
-            ("prepare", d.parent / "ownership" / "userB" / "prep",
-             lambda o: c.cli("prepare", "--data", a.source, "--verifier", a.verifier, "--out", o, "--max-length", "128",
-                             "--val-count", "3", "--overwrite"), adopt),
-            ("convert-verifier", converted, lambda o: c.cli("convert-verifier", a.verifier, "--out", o), ()),
-            ("extract", a.hidden, lambda o: [*extract_cmd(c, a, o), "--overwrite"], adopt),
-            ("train", run_dir, lambda o: [*train_cmd(c, a, o), "--overwrite"], adopt)):
-        if src.is_dir():
-            copy = _copy_without_dot_files(src, d / f"copy-{stage}")
-            row(f"{stage} into a copy made without its dot files (cp -r out/* copy/) plus the user's NOTES.txt",
-                cmd(copy), copy, "exit 2 (naming `eagle3-train adopt` where recognisable); every file kept",
-                (str(copy), *must))
+    evaluated = d / "evaluated"
+    c.run(c.cli("evaluate", "offline", "--draft", run_dir, "--verifier", a.verifier, "--num-prompts", "1",
+                "--out", evaluated))
+    generated, server = d / "generated", FakeServer(service_s=0.0)
+    try:
+        gen = lambda o: c.cli("generate", "--data", a.source, "--endpoint", server.url, "--model", "fake",  # noqa: E731
+                              "--out", o, "--limit", "3", "--overwrite")
+        c.run(gen(generated))
+        _own_copies(c, a, d, run_dir, row, converted, evaluated, export, generated, gen)
+    finally:
+        server.close()
     for what, marker in (("no file list (an older version's)", {"tool": "eagle3-train", "stage": "export"}),
                          ("an empty file list (a failed run's)", {"tool": "eagle3-train", "stage": "export",
                                                                    "files": []})):
@@ -1353,6 +1349,30 @@ def ownership_by_file_list(c: Campaign, a: Assets, d: Path, run_dir: Path, hs_di
 def _without(cmd: list[str], flag: str) -> list[str]:
     i = cmd.index(flag)
     return cmd[:i] + cmd[i + 2:]
+
+
+def _own_copies(c: Campaign, a: Assets, d: Path, run_dir: Path, row: Callable, converted: Path, evaluated: Path,
+                export: Path, generated: Path, gen: Callable) -> None:
+    adopt = ("eagle3-train adopt",)
+    for stage, src, cmd, must in (
+            ("export", export, lambda o: c.cli("export", run_dir, "--out", o, "--format", "eagle", "--overwrite"),
+             adopt),
+            ("prepare", d.parent / "ownership" / "userB" / "prep",
+             lambda o: c.cli("prepare", "--data", a.source, "--verifier", a.verifier, "--out", o, "--max-length", "128",
+                             "--val-count", "3", "--overwrite"), adopt),
+            ("convert-verifier", converted, lambda o: c.cli("convert-verifier", a.verifier, "--out", o), ()),
+            ("extract", a.hidden, lambda o: [*extract_cmd(c, a, o), "--overwrite"], adopt),
+            ("train", run_dir, lambda o: [*train_cmd(c, a, o), "--overwrite"], adopt),
+            ("vocab", a.vocab, lambda o: c.cli("vocab", "--prepared", a.prepared, "--out", o, "--size", "512",
+                                                "--overwrite"), adopt),
+            ("evaluate", evaluated, lambda o: c.cli("evaluate", "offline", "--draft", run_dir, "--verifier",
+                                                     a.verifier, "--num-prompts", "1", "--out", o), adopt),
+            ("generate", generated, gen, adopt)):
+        if src.is_dir():
+            copy = _copy_without_dot_files(src, d / f"copy-{stage}")
+            row(f"{stage} into a copy made without its dot files (cp -r out/* copy/) plus the user's NOTES.txt",
+                cmd(copy), copy, "exit 2 (naming `eagle3-train adopt` where recognisable); every file kept",
+                (str(copy), *must))
 
 
 def replies(c: Campaign, a: Assets) -> None:
