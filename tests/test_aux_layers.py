@@ -106,3 +106,22 @@ def test_cli_flag_sets_the_override(tmp_path):
     add_arguments(p)
     assert config_from_args(p.parse_args(["--allow-aux-layer-mismatch"])).allow_aux_layer_mismatch is True
     assert config_from_args(p.parse_args([])).allow_aux_layer_mismatch is False
+
+
+@pytest.mark.parametrize("model_type, want", [("llama", [2, 18, 33]), ("kimi_k2", [1, 17, 32])])
+def test_a_torchspec_vllm_export_is_shifted_only_for_kimi_k2(ref, tmp_path, model_type, want):
+    """TorchSpec's convert_to_hf adds 1 to the ids (the nested ones too) only for `model_type: kimi_k2` exported for
+    vLLM: a Llama-layer export's nested ids stay outputs of layers (SGLang's), read +1 (nested [1, 17, 32] is
+    [2, 18, 33]); a kimi_k2 one's are already vLLM's."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_train.checkpoints.formats import load_draft_source
+
+    d = write_eagle_aux_keys(ref, tmp_path / model_type, None, [1, 17, 32])
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "model_type": model_type, "_torchspec_version": "0.3.0"}))
+    tensors = load_file(str(d / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}, str(d / "model.safetensors"))
+    assert list(load_draft_source(d, shapes_only=True).config.aux_layer_ids) == want

@@ -39,10 +39,12 @@ AUX_NESTED_VLLM = "nested (vLLM convention: TorchSpec's vLLM export)"
 
 
 def nested_convention(config: dict[str, Any], raw_names: Any) -> str:
-    """How a source's eagle_config ids are meant, by producer: "vllm" for a TorchSpec export made for vLLM
-    (`_torchspec_version` in its config, `layers.0.` tensor names), else "sglang" (output of layer i)."""
+    """How a source's eagle_config ids are meant, by producer: "vllm" for a TorchSpec export made for vLLM of a
+    kimi_k2 draft (`_torchspec_version` in its config, `layers.0.` tensor names, `model_type: kimi_k2`: the only case
+    its exporter shifts the ids), else "sglang" (output of layer i; a Llama-layer TorchSpec export keeps those)."""
     vllm_names = not any(str(k).startswith("midlayer.") for k in raw_names)
-    return "vllm" if "_torchspec_version" in config and vllm_names else "sglang"
+    shifted = "_torchspec_version" in config and vllm_names and config.get("model_type") == "kimi_k2"
+    return "vllm" if shifted else "sglang"
 _SMALL = ("d2t", "t2d")  # read for real even when only shapes are asked for
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
