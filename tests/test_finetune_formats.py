@@ -281,6 +281,9 @@ def test_keep_uses_the_source_vocabulary_and_reports_the_overlap(ref, ref_logits
     assert record["vocab_policy"] == "keep"
     assert record["vocab_overlap"]["shared_tokens"] == shared == 700
     assert record["vocab_overlap"]["share_of_run"] == round(700 / 1500, 4)
+    # 47% of the run's tokens: warned and recorded (the source's vocabulary was built on other data)
+    assert record["vocab_overlap"]["low_overlap_warning"] is True
+    assert any("holds only 46.7% of the 1500 tokens" in n and "--finetune-vocab rebuild" in n for n in record["notes"])
 
 
 @pytest.mark.parametrize("run_size", [VD, 1500])

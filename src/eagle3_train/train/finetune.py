@@ -76,6 +76,9 @@ class FinetuneSource:
     notes: list[str] = field(default_factory=list)
     aux_layers: dict[str, Any] = field(default_factory=dict)  # where the features came from vs. the run's layers
 
+# `keep` with a source vocabulary that holds less than this share of the run's own draft vocabulary warns (and the
+# training metadata records it): the source was built on other data (Kimi-K2's 32K for Kimi-K2.5 reasoning, say).
+KEEP_OVERLAP_WARN = 0.9
 
 def _warn(notes: list[str], msg: str) -> None:
     log.warning("finetune: %s", msg)
@@ -295,9 +298,10 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     ignored += _check_unknown_and_missing(loaded, unknown, missing, cfg.allow_missing, notes)
     overlap = _load_weights_and_vocab(model, to_copy, source, inputs, cfg, notes, copy)
     loaded_keys = sorted(to_copy) + (list(_VOCAB_KEYS) if policy == "keep" else [])
-    log.info("finetune: loaded %d tensors from %s (%s format); renamed %d, ignored %s, missing %s; vocab %s "
-             "(%d shared tokens)", len(loaded_keys), loaded.path, loaded.format, len(loaded.renamed), ignored, missing,
-             policy, overlap["shared_tokens"])
+    shared = overlap["shared_tokens"]
+    log.info("finetune: loaded %d tensors from %s (%s format); renamed %d, ignored %s, missing %s; vocab %s (%s)",
+             len(loaded_keys), loaded.path, loaded.format, len(loaded.renamed), ignored, missing, policy,
+             "no run vocab to compare" if shared is None else f"{shared} shared tokens")
     return {
         "method": "finetune",
         "source": str(cfg.finetune_from),
@@ -399,6 +403,11 @@ def _load_weights_and_vocab(model, to_copy: dict[str, torch.Tensor], source: Fin
                 overlap = _vocab_overlap(src_ids, run_ids)
                 notes.append(f"vocab keep: the source's {src_ids.numel()}-token draft vocabulary is used; the run's "
                              f"vocab {inputs.vocab_path} is not (its tokens overlap: {overlap['share_of_run']:.1%})")
+                if overlap["share_of_run"] < KEEP_OVERLAP_WARN:
+                    overlap["low_overlap_warning"] = True
+                    _warn(notes, f"vocab keep: the source's draft vocabulary holds only {overlap['share_of_run']:.1%} "
+                                 f"of the {overlap['run_draft_vocab_size']} tokens this run's data needs most: tokens "
+                                 f"outside it can never be drafted; --finetune-vocab rebuild uses the run's vocab")
         else:
             model.set_vocab(inputs.d2t, inputs.t2d)
             if "lm_head.weight" in to_copy and copy:
