@@ -125,3 +125,27 @@ def test_a_torchspec_vllm_export_is_shifted_only_for_kimi_k2(ref, tmp_path, mode
     tensors = load_file(str(d / "model.safetensors"))
     save_file({k.replace("midlayer.", "layers.0."): v for k, v in tensors.items()}, str(d / "model.safetensors"))
     assert list(load_draft_source(d, shapes_only=True).config.aux_layer_ids) == want
+
+
+def test_layer_0_of_a_deepseek_verifier_is_refused_where_vllm_could_never_serve_it(tmp_path):
+    """vLLM's DeepSeek-V2/V3 model (Kimi's too) adds the residual to the tapped layer's input, and before layer 0
+    there is none (a TypeError at serving): every stage that sets the taps refuses id 0 for that family, and keeps
+    accepting it for a Llama."""
+    import json
+
+    from families import _config
+
+    from eagle3_train.assets.families import family_of
+    from eagle3_train.model.aux_layers import validate_layer_ids
+    from eagle3_train.serving.vllm_server import hidden_states_layer_ids
+    from eagle3_train.utils.io import Eagle3InputError
+
+    config = _config("deepseek_v3").to_dict()
+    assert family_of(config).first_aux_layer == 1 and family_of({"model_type": "llama"}).first_aux_layer == 0
+    with pytest.raises(Eagle3InputError, match="no residual stream before layer 1"):
+        validate_layer_ids([0, 1, 2], 4, "verifier v", family_of(config).first_aux_layer)
+    assert validate_layer_ids([0, 1, 2], 4, "verifier v") == (0, 1, 2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Eagle3InputError, match="vLLM cannot tap the input of its layer 0"):
+        hidden_states_layer_ids(tmp_path, "0,1,2")
+    assert hidden_states_layer_ids(tmp_path, "1,2,3") == [1, 2, 3, 4]

@@ -28,6 +28,9 @@ class Family:
     final_norm: FinalNorm = "rms"  # rms: w*x/rms(x); rms_plus_one: (1+w)*x/rms(x); layernorm: mean and variance
     moe: bool = False
     tested_here: str = ""  # how this family is checked on this machine (empty: not tested here)
+    # The lowest aux layer id vLLM can tap: its DeepSeek-V2/V3 model (Kimi's too) adds the residual to layer i's
+    # input, and before layer 0 there is none yet (`hidden_states + residual` with residual None, a TypeError).
+    first_aux_layer: int = 0
 
     @property
     def cpu_dtype(self) -> str:
@@ -42,9 +45,9 @@ FAMILIES: tuple[Family, ...] = (
                                                       "formats, acceptance measured"),
     Family("qwen3", ("qwen3", "qwen2"), tested_here=_E2E),
     Family("qwen3_moe", ("qwen3_moe", "qwen2_moe"), moe=True, tested_here=_E2E),
-    Family("deepseek_v3", ("deepseek_v3", "deepseek_v2", "kimi_k2"), attention="mla", moe=True,
+    Family("deepseek_v3", ("deepseek_v3", "deepseek_v2", "kimi_k2"), attention="mla", moe=True, first_aux_layer=1,
            tested_here=_E2E + "; the Llama and MLA drafts beside it"),
-    Family("kimi_k25", ("kimi_k25",), attention="mla", moe=True,
+    Family("kimi_k25", ("kimi_k25",), attention="mla", moe=True, first_aux_layer=1,
            tested_here="header-only full-size config (plan, dry run, verifier head lookups); vLLM's class needs CUDA: "
                        "scripts/gpu_check.sh"),
     Family("gemma", ("gemma", "gemma2", "gemma3", "gemma3_text"), final_norm="rms_plus_one"),

@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3_train.assets.families import family_of
 from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
 from eagle3_train.data.prepare import check_prepared_tokenizer, load_prepared
 from eagle3_train.hidden_states import resume, store
@@ -100,7 +101,7 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     ds = load_prepared(prepared_dir, splits, REQUIRED_COLUMNS)[0]
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name)
+    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name, family_of(verifier.config).first_aux_layer)
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
@@ -265,7 +266,8 @@ def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text
     return store.plan_shards(lengths, shard_tokens)
 
 
-def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str) -> tuple[int, ...]:
+def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str, first: int
+               ) -> tuple[int, ...]:
     """The taps: given, else the finetune source's (so the finetune is not refused after hours of extraction)."""
     given = parse_layer_ids(layer_ids)
     if finetune_from:
@@ -278,7 +280,7 @@ def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: 
                                    f"from {origin}): drop --layer-ids to extract the source's")
         log.info("extract: the layers of finetune source %s: %s (%s)", finetune_from, list(source), origin)
         given = source
-    return validate_layer_ids(given, num_layers, f"verifier {verifier}")
+    return validate_layer_ids(given, num_layers, f"verifier {verifier}", first)
 
 
 class _Producer:

@@ -42,8 +42,9 @@ def parse_layer_ids(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
 
 
 def validate_layer_ids(layer_ids: Sequence[int] | None, num_layers: int,
-                       verifier: str = "the verifier") -> tuple[int, int, int]:
-    """Return the layer ids to tap (the default when None), or raise Eagle3InputError with what is allowed."""
+                       verifier: str = "the verifier", first: int = 0) -> tuple[int, int, int]:
+    """Return the layer ids to tap (the default when None), or raise Eagle3InputError with what is allowed;
+    `first`: the lowest id the verifier's family can serve (`Family.first_aux_layer`)."""
     if layer_ids is None:
         return default_layer_ids(num_layers, verifier)
     ids = tuple(int(i) for i in layer_ids)
@@ -54,6 +55,10 @@ def validate_layer_ids(layer_ids: Sequence[int] | None, num_layers: int,
             raise Eagle3InputError(
                 f"layer id {i} is the final-norm output of this {num_layers}-layer verifier (stored separately as "
                 f"'final'); aux layer ids must be in 0..{num_layers - 1} (id i = the input of decoder layer i)")
+        if 0 <= i < first:
+            raise Eagle3InputError(f"layer id {i} of {verifier}: vLLM cannot tap the input of its layer {i} (its "
+                                   f"DeepSeek-V3/Kimi model has no residual stream before layer {first}), so a draft "
+                                   f"on it could never be served; aux layer ids must be in {first}..{num_layers - 1}")
         if not 0 <= i < num_layers:
             raise Eagle3InputError(f"layer id {i} is out of range for a verifier with {num_layers} decoder layers: "
                                    f"ids must be in 0..{num_layers - 1} (id i = the input of decoder layer i)")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.families import family_of
 from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.hidden_states.store import check_hidden_states
 from eagle3_train.model.aux_layers import check_layer_order
@@ -134,7 +135,7 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
-                                   f"verifier {verifier.name}")
+                                   f"verifier {verifier.name}", family_of(vcfg).first_aux_layer)
     vpath, vsha, d2t, t2d = _run_vocab(cfg, text["vocab_size"])
     hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
         else Path("")
