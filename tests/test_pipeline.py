@@ -247,3 +247,31 @@ def test_pipeline_trains_online_from_a_server_it_starts(tmp_path, tiny_llama_dir
     assert Pipeline(config | {"train": transport}).plan()["train"][0] == "done (skipped)"
     theirs = {**config["train"], "endpoint": ["http://127.0.0.1:9/v1"], "hidden_states_dir": str(tmp_path)}
     assert "would run again" in Pipeline(config | {"train": theirs}).plan()["train"][0]
+
+
+@pytest.mark.slow
+def test_a_finetune_run_extracts_the_source_layers_not_the_default(tmp_path, tiny_llama_dir):
+    """`run` with train.finetune_from taps the layers the source was trained on (as `extract --finetune-from`
+    does): it used to extract the default layers and have train refuse them after the whole extraction."""
+    from eagle3_train.assets.conversations import load_conversations
+
+    verifier = tiny_llama_dir()
+    convs, _ = load_conversations("sharegpt", limit=6)
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"id": c.id, "messages": c.messages}) + "\n" for c in convs))
+    first = _small_config(tmp_path / "a", verifier, data)
+    Pipeline(first).run()
+    source = tmp_path / "source"  # the first run's draft, on layers other than the 4-layer verifier's default
+    shutil.copytree(tmp_path / "a" / "run" / "train" / "final", source)
+    default = json.loads((source / "draft_config.json").read_text())["aux_layer_ids"]
+    cfg = json.loads((source / "draft_config.json").read_text())
+    cfg["aux_layer_ids"] = [0, 1, 3]
+    assert default != [0, 1, 3]
+    (source / "draft_config.json").write_text(json.dumps(cfg))
+    config = _small_config(tmp_path / "b", verifier, data)
+    config["train"] = {**config["train"], "finetune_from": str(source)}
+    Pipeline(config).run()
+    run = tmp_path / "b" / "run"
+    assert json.loads((run / "hidden_states" / "manifest.json").read_text())["layer_ids"] == [0, 1, 3]
+    meta = json.loads((run / "train" / "training_metadata.json").read_text())
+    assert meta["init"]["method"] == "finetune" and meta["draft_config"]["aux_layer_ids"] == [0, 1, 3]

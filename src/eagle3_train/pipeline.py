@@ -405,8 +405,19 @@ _EXTRACT_TRANSPORT = ("endpoint", "model", "concurrency", "hidden_states_dir")
 
 def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     key = {**_section(ctx, "extract", *_EXTRACT_TRANSPORT), "prepared": ctx.keys["prepare"],
-           "verifier": ctx.verifier_key}
+           "verifier": ctx.verifier_key, "layers_of": ctx.cfg["train"].get("finetune_from")}
     return key | (_with_serving(ctx) if ctx.cfg["extract"].get("backend") == "vllm" else {})
+
+
+def _extract_layers(ctx: RunContext, cfg: dict[str, Any]) -> Any:
+    """The layers the extract stage taps: its own setting, else the finetune source's (None: the default)."""
+    if cfg.get("layer_ids") is not None or not cfg.get("finetune_from"):
+        return cfg.get("layer_ids")
+    from eagle3_train.assets.families import text_config
+    from eagle3_train.checkpoints.formats import draft_layer_ids
+
+    layers = text_config(ctx.verifier.config)["num_hidden_layers"]
+    return list(draft_layer_ids(cfg["finetune_from"], int(layers))[0])
 
 
 def _extract_run(ctx: RunContext, _v: str | None) -> Any:
@@ -414,6 +425,9 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
 
     restart = ctx.pipeline._restarts("extract", ctx.keys["extract"])  # else: resume an interrupted extraction
     cfg = _section(ctx, "extract", *_EXTRACT_TRANSPORT)
+    # A finetune trains on its source's layers: extract those (as `extract --finetune-from` does), not the default
+    # ones the train stage would refuse after the whole extraction.
+    cfg["finetune_from"] = ctx.cfg["train"].get("finetune_from")
     out = ctx.run_dir / "hidden_states"
     kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
     ext = ctx.cfg["extract"]
@@ -422,7 +436,8 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
         if processes > 1:  # one verifier replica per GPU, disjoint shards, one store (hidden_states/parallel.py)
             args = ["--prepared", str(ctx.run_dir / "prepared"), "--verifier", ctx.verifier.name, "--out", str(out),
                     *(["--overwrite"] if restart else []), *(["--trust-remote-code"] if ctx.trust_remote_code else []),
-                    *(a for k, v in cfg.items() if v is not None
+                    *(["--finetune-from", cfg["finetune_from"]] if cfg["finetune_from"] else []),
+                    *(a for k, v in cfg.items() if v is not None and k != "finetune_from"
                       for a in ("--set", f"extract.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"))]
             under_torchrun("extract", args, processes)
             return _extract_summary(read_json(out / "manifest.json", "hidden-states manifest"))
@@ -434,7 +449,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     # no endpoint: serve the verifier here for the stage's duration, as generate does
     from eagle3_train.serving.vllm_server import hidden_states_server
 
-    server = hidden_states_server(ctx.verifier_dir, cfg.get("layer_ids"), ctx.run_dir / "hidden-states-transfer",
+    server = hidden_states_server(ctx.verifier_dir, _extract_layers(ctx, cfg), ctx.run_dir / "hidden-states-transfer",
                                   trust_remote_code=ctx.trust_remote_code, log_path=ctx.run_dir / "vllm-extract.log",
                                   **ctx.serving())
     with server:
