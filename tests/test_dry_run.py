@@ -152,7 +152,7 @@ def test_kimi_mla_draft_finetune_dry_run_at_full_size(kimi, tmp_path):
     header = read_safetensors_header(out / "dry-run-exports" / "eagle" / "model.safetensors")
     assert {k: tuple(v["shape"]) for k, v in header.items() if k not in ("d2t", "t2d")} == shapes
     cfg = json.loads((out / "dry-run-exports" / "eagle" / "config.json").read_text())
-    assert cfg["architectures"] == ["Eagle3DeepseekV3ForCausalLM"] and cfg["model_type"] == "kimi_k2"
+    assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["model_type"] == "kimi_k2"
     assert cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
     # a setting that contradicts the source is refused by name
     with pytest.raises(Eagle3InputError, match="train.architecture=mla but the finetune source"):

@@ -85,7 +85,7 @@ def test_mla_needs_its_latent_dims():
 
 @pytest.mark.slow
 def test_finetune_from_an_exported_mla_draft_is_bit_exact_at_lr_0(tmp_path_factory, smollm2_dir):
-    """Train an MLA draft on a tiny DeepSeek-V3 verifier, export it (Eagle3DeepseekV3ForCausalLM, midlayer.*), and
+    """Train an MLA draft on a tiny DeepSeek-V3 verifier, export it (Eagle3DeepseekV2ForCausalLM, midlayer.*), and
     finetune from the export: one step at lr 0 leaves every weight bit-identical, the run is an MLA draft (never
     rebuilt as a Llama one, even with --allow-missing), and inspect says so."""
     import json
@@ -103,7 +103,7 @@ def test_finetune_from_an_exported_mla_draft_is_bit_exact_at_lr_0(tmp_path_facto
     root = build_stages(tmp / "stages", verifier)
     source = train(train_config(root, tmp / "a", max_steps=4, architecture="mla"))
     export(tmp / "a", tmp / "export", fmt="eagle", dtype="float32")
-    assert json.loads((tmp / "export" / "config.json").read_text())["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    assert json.loads((tmp / "export" / "config.json").read_text())["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
     for name, kw in (("b", {}), ("c", {"allow_missing": True})):
         again = train(train_config(root, tmp / name, max_steps=1, lr=0.0, finetune_from=str(tmp / "export"), **kw))
         assert again["validation"] == pytest.approx(source["validation"], rel=1e-6, abs=1e-6)
@@ -113,4 +113,27 @@ def test_finetune_from_an_exported_mla_draft_is_bit_exact_at_lr_0(tmp_path_facto
         meta = json.loads((tmp / name / "training_metadata.json").read_text())
         assert meta["draft_config"]["architecture"] == "mla" and meta["init"]["keys"]["missing"] == []
     summary = inspect_checkpoint(tmp / "export")
-    assert "Eagle3DeepseekV3ForCausalLM" in json.dumps(summary)
+    assert "Eagle3DeepseekV2ForCausalLM" in json.dumps(summary)
+
+
+def test_an_mla_export_reads_in_transformers_with_the_rope_width_and_the_name_both_engines_register(tmp_path):
+    """HF-based readers (a SpecForge or TorchSpec finetune, an HF evaluation) build DeepseekV3Config from the
+    export: its rotary must span qk_rope_head_dim (head_dim hidden/heads built a rotary wider than the rope part),
+    and the class is Eagle3DeepseekV2ForCausalLM, which SGLang's kimi_k25_eagle3.py registers (vLLM maps both)."""
+    import json
+
+    import transformers
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    from eagle3_train.checkpoints.layouts import eagle_config_json
+    from eagle3_train.model.architectures import architecture_from_config
+
+    cfg = mla_config()
+    config = eagle_config_json(cfg, "bfloat16")
+    assert config["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and config["head_dim"] == cfg.qk_rope_head_dim
+    hf = transformers.DeepseekV3Config(**{k: v for k, v in config.items() if k not in ("architectures",)})
+    rotary = DeepseekV3RotaryEmbedding(hf)
+    assert rotary.inv_freq.numel() * 2 == cfg.qk_rope_head_dim
+    # a published draft under the V3 name is still read as an MLA layer
+    assert architecture_from_config({**config, "architectures": ["Eagle3DeepseekV3ForCausalLM"]}) == "mla"
+    assert json.loads(json.dumps(config)) == config

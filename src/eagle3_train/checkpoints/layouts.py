@@ -1,7 +1,7 @@
 """config.json and tensor names of the two formats the engines read (see docs/ARCHITECTURE.md).
 
 - "eagle": original EAGLE / SpecForge / SGLang (`LlamaForCausalLMEagle3`, `midlayer.*`); vLLM loads it too. An MLA
-  draft is `Eagle3DeepseekV3ForCausalLM` with `model_type: kimi_k2` (`model/architectures.py`).
+  draft is `Eagle3DeepseekV2ForCausalLM` with `model_type: kimi_k2` (`model/architectures.py`).
 - "speculators": vLLM's speculators format (`Eagle3Speculator`, `layers.N.*`); `vllm serve DIR` works alone.
 """
 

@@ -38,6 +38,7 @@ class DraftArchitecture:
     # per token and layer, the elements attention keeps for backward (the memory planner's model): q, k, v and the
     # SDPA output as SDPA sees them, o_proj's input, and the layer kind's own intermediates ("extra")
     attention_widths: Callable[[DraftConfig], dict[str, int]]
+    also_read: tuple[str, ...] = ()  # other "architectures" names of this layer kind that published drafts carry
 
 
 def _llama_rotary(cfg: DraftConfig) -> nn.Module:
@@ -70,8 +71,11 @@ def _mla_shapes(cfg: DraftConfig, width: int) -> Shapes:
 
 
 def _mla_fields(cfg: DraftConfig) -> dict[str, Any]:
-    # head_dim and num_key_value_heads: unused by MLA, written so the config reads back as it was trained
-    return {"num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "q_lora_rank": cfg.q_lora_rank,
+    # head_dim: the rotary width, as transformers' DeepseekV3Config reads it (hidden / heads would build a rotary
+    # wider than the rope part for any HF-based reader; vLLM passes qk_rope_head_dim itself); num_key_value_heads:
+    # unused by MLA, written so the config reads back as it was trained
+    return {"num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.qk_rope_head_dim,
+            "q_lora_rank": cfg.q_lora_rank,
             "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
             "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
             "rope_interleave": True}
@@ -97,8 +101,11 @@ def _mla_widths(cfg: DraftConfig) -> dict[str, int]:
 ARCHITECTURES: dict[str, DraftArchitecture] = {
     "llama": DraftArchitecture("llama", "LlamaForCausalLMEagle3", "llama", DraftAttention, _llama_rotary,
                                _llama_shapes, _llama_fields, speculators_format=True, attention_widths=_llama_widths),
-    "mla": DraftArchitecture("mla", "Eagle3DeepseekV3ForCausalLM", "kimi_k2", MLAAttention, mla_rotary,
-                             _mla_shapes, _mla_fields, speculators_format=False, attention_widths=_mla_widths),
+    # Eagle3DeepseekV2ForCausalLM: the name both engines register (vLLM maps V3 to it too; SGLang's
+    # kimi_k25_eagle3.py registers V2 only)
+    "mla": DraftArchitecture("mla", "Eagle3DeepseekV2ForCausalLM", "kimi_k2", MLAAttention, mla_rotary,
+                             _mla_shapes, _mla_fields, speculators_format=False, attention_widths=_mla_widths,
+                             also_read=("Eagle3DeepseekV3ForCausalLM",)),
 }
 
 
@@ -110,7 +117,7 @@ def architecture_from_config(config: dict[str, Any]) -> str:
     """The layer kind an exported draft's config.json describes (its `architectures`, else its MLA fields)."""
     names = config.get("architectures") or []
     for arch in ARCHITECTURES.values():
-        if arch.eagle_class in names:
+        if arch.eagle_class in names or any(n in names for n in arch.also_read):
             return arch.name
     layer = config.get("transformer_layer_config") or config
     return "mla" if layer.get("kv_lora_rank") else "llama"
