@@ -48,10 +48,6 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
                     f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "
                     f"as inputs of layers {[i - 1 for i in cfg.aux_layer_ids]}: one layer too early (finetune and "
                     f"export it, which writes vLLM's top-level key)")
-    if cfg.architecture == "mla" and cfg.norm_before_fc:
-        # vLLM 0.32's deepseek_eagle3.py has fc_norm and norm_output but no input_norm over the concatenated taps
-        vllm.append("norm_before_fc=true on an MLA layer: vLLM's deepseek_eagle3.py (0.32) has no norm over the "
-                    "concatenated aux states (only fc_norm and norm_output), so it serves the draft without it")
     sglang: list[str] = []
     if fmt == "speculators":
         sglang.append("SGLang does not read the speculators format (export --format eagle)")

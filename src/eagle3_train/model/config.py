@@ -75,6 +75,12 @@ class DraftConfig:
             check_layer_order(self.aux_layer_ids, "draft config")
         if self.norm_before_fc and self.fc_norm:
             raise Eagle3InputError("norm_before_fc and fc_norm are mutually exclusive")
+        if self.norm_before_fc and self.architecture == "mla":
+            # vLLM's deepseek_eagle3.py (0.32) has fc_norm and norm_output but no norm over the concatenated taps:
+            # such a draft would be served without the norm it was trained with
+            raise Eagle3InputError("norm_before_fc is not served on an MLA draft (vLLM's deepseek_eagle3.py has no "
+                                   "norm over the concatenated aux states): use fc_norm (one norm per aux state), "
+                                   "which it serves")
         if self.num_attention_heads % self.num_key_value_heads:
             raise Eagle3InputError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                                    f"num_key_value_heads {self.num_key_value_heads}")
