@@ -187,3 +187,17 @@ def test_serve_refuses_a_draft_made_for_another_verifier_before_vllm_starts(ref,
     same.mkdir()
     (same / "config.json").write_text(json.dumps(SMOL))
     vllm_server.check_draft_serves_beside(draft, same)  # the verifier it was made for: no complaint
+
+
+def test_a_memory_share_that_cannot_hold_the_weights_is_refused_before_vllm_starts(tmp_path):
+    """Kimi-K2.5 (595 GB) on 8 x 96 GB at the extraction server's 0.3: 74.4 GB of weights per GPU against 28.8 GB;
+    refused, naming the share that holds them. At 0.9 it fits."""
+    d = tmp_path / "kimi"
+    d.mkdir()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 595 * 10**9},
+                                                                "weight_map": {}}))
+    gpu = 96 * 10**9
+    command = ["vllm", "--model", str(d), "--gpu-memory-utilization", "0.3", "--tensor-parallel-size", "8"]
+    with pytest.raises(Eagle3InputError, match=r"weights need 69.3 GiB per GPU .* --gpu-memory-utilization 0\.9"):
+        vllm_server.check_memory_share(d, command, gpu_bytes=gpu)
+    vllm_server.check_memory_share(d, [*command[:-4], "--gpu-memory-utilization=0.9", "-tp", "8"], gpu_bytes=gpu)

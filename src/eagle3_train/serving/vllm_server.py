@@ -336,6 +336,8 @@ class VLLMServer:
         ok, msg = vllm_available(self.python)
         if not ok:
             raise Eagle3InputError(msg)
+        if self.device == "cuda":
+            check_memory_share(Path(self.model), self.command())
         if self.port is None:
             self.port = free_port(self.host if self.host not in ("0.0.0.0", "") else "127.0.0.1")
         if self.log_path is None:
@@ -439,6 +441,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from eagle3_train.utils.settings import add_settings_arguments
 
     add_settings_arguments(p, ServeSettings)
+
+
+def _option(command: list[str], *names: str) -> str | None:
+    """The value of the last of `names` on a vLLM command line (`--x V` or `--x=V`)."""
+    found = None
+    for i, a in enumerate(command):
+        for n in names:
+            if a == n and i + 1 < len(command):
+                found = command[i + 1]
+            elif a.startswith(n + "="):
+                found = a.split("=", 1)[1]
+    return found
+
+
+def weight_bytes(model_dir: Path) -> int | None:
+    """The checkpoint's weight bytes: its index's total_size, else its safetensors files; None when unknown."""
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        total = json.loads(index.read_text()).get("metadata", {}).get("total_size") if index.is_file() else None
+    except (OSError, ValueError):
+        total = None
+    if total:
+        return int(total)
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) or None
+
+
+def check_memory_share(model_dir: Path, command: list[str], gpu_bytes: int | None = None) -> None:
+    """Refuse a --gpu-memory-utilization that cannot hold this GPU's share of the weights (vLLM then fails after
+    minutes of loading, or, for an extraction server at 0.3 on 8 x 96 GB beside a 595 GB Kimi-K2.5, never starts):
+    the share needed is named. `gpu_bytes`: one GPU's memory (default: this machine's first GPU)."""
+    share = float(_option(command, "--gpu-memory-utilization") or 0.9)
+    weights = weight_bytes(model_dir)
+    if gpu_bytes is None:
+        try:
+            import torch
+
+            gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+        except Exception:  # noqa: BLE001 - no usable CUDA in this process: vLLM will say
+            gpu_bytes = None
+    if not weights or not gpu_bytes:
+        return
+    gpus = int(_option(command, "--tensor-parallel-size", "-tp") or 1) * int(
+        _option(command, "--pipeline-parallel-size", "-pp") or 1)
+    need = weights / gpus * 1.1  # the weights plus a tenth for activations and CUDA graphs, before any KV cache
+    if share * gpu_bytes < need:
+        raise Eagle3InputError(
+            f"--gpu-memory-utilization {share:g} gives vLLM {share * gpu_bytes / 2**30:.1f} GiB of each GPU's "
+            f"{gpu_bytes / 2**30:.1f} GiB, but {model_dir}'s weights need {weights / gpus / 2**30:.1f} GiB per GPU "
+            f"({weights / 2**30:.1f} GiB over {gpus} GPU(s)) before any KV cache: pass --gpu-memory-utilization "
+            f"{min(0.95, need / gpu_bytes + 0.05):.2f} or more, or spread the model over more GPUs "
+            f"(--vllm-arg=--tensor-parallel-size=N)")
 
 
 class ServerStartError(Eagle3InputError, RuntimeError):
