@@ -184,3 +184,26 @@ def test_a_torchspec_export_for_vllm_keeps_its_nested_ids_unshifted(tmp_path, to
     assert loaded.aux_ids_origin == (AUX_NESTED_VLLM if torchspec_vllm_export else AUX_NESTED)
     if torchspec_vllm_export:
         assert any("inputs of layers [3, 31, 59]" in n and "inputs of [4, 32, 60]" in n for n in loaded.notes)
+
+
+def test_a_dry_run_on_a_hub_verifier_asks_the_hub_for_no_weight_files(tiny_llama_dir, tmp_path, monkeypatch):
+    """`run --dry-run --verifier org/model` reads config, tokenizer and headers: it asked snapshot_download for every
+    `*.safetensors` (595 GB for Kimi-K2.5). The hub cannot be reached here, so its download function stands in,
+    serving a snapshot of the config and tokenizer files and recording what was asked."""
+    import shutil
+
+    import huggingface_hub
+
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(tiny_llama_dir(), snapshot, ignore=shutil.ignore_patterns("*.safetensors"))
+    asked: list[list[str]] = []
+
+    def download(repo_id, allow_patterns=None, **kw):
+        asked.append(list(allow_patterns or ["*"]))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: org/tiny\nprepare:\n  data: sharegpt\n")
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+    assert asked and not any(p.endswith((".safetensors", ".bin", "*")) for a in asked for p in a), asked

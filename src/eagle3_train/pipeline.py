@@ -135,10 +135,10 @@ class Pipeline:
         write_json(self.state_path, self.state)
         return restart
 
-    def _context(self) -> RunContext:
+    def _context(self, need: str = "weights") -> RunContext:
         from eagle3_train.assets.verifier import Verifier
 
-        verifier = Verifier.resolve(self.cfg["verifier"])  # once for every stage; manifests record verifier.name
+        verifier = Verifier.resolve(self.cfg["verifier"], need)  # once for every stage; manifests record its name
         # Stages are keyed on what they read, not on names: a verifier or data file changed in place reruns them.
         self.verifier_key = verifier.stage_key()
         return RunContext(cfg=self.cfg, run_dir=self.run_dir, verifier=verifier, verifier_dir=verifier.path,
@@ -186,7 +186,7 @@ class Pipeline:
         from eagle3_train.train.config import TrainConfig
         from eagle3_train.train.dry_run import dry_run, format_report
 
-        ctx = self._context()
+        ctx = self._context(need="tokenizer")  # a hub verifier's weights are not downloaded to check a config
         train_cfg = build_settings(TrainConfig, {**_train_values(ctx), "trust_remote_code": ctx.trust_remote_code},
                                    "config section 'train'")
         _check_stage_settings(ctx, train_cfg)

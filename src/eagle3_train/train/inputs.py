@@ -96,8 +96,9 @@ def resolve_inputs(cfg, head_shapes_only: bool = False, verifier: Verifier | Non
 
     recorded_verifier = hidden_manifest.get("verifier", {})
     # The name stays what the user gave (a hub id, not this machine's cache): the draft and its exports record it.
-    verifier = verifier or (as_verifier(cfg.verifier) if cfg.verifier
-                            else Verifier.from_record(recorded_verifier, str(hm_path)))
+    need = "tokenizer" if head_shapes_only else "weights"  # a dry run reads headers: no hub weights downloaded
+    verifier = verifier or (as_verifier(cfg.verifier, need) if cfg.verifier
+                            else Verifier.from_record(recorded_verifier, str(hm_path), need))
     # Made from this prepared data by this verifier (sizes only: hashing a large verifier's weights is slow).
     check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
                         require_complete=False, where=f"the hidden states in {hidden}")
@@ -130,8 +131,9 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     if not cfg.endpoint:
         raise Eagle3InputError(f"train.hidden_states_mode {cfg.hidden_states_mode} needs --endpoint URL (a server "
                                f"started with `eagle3-train serve --extract-hidden-states`)")
-    verifier = verifier or (as_verifier(cfg.verifier) if cfg.verifier else Verifier.from_record(
-        prepared_manifest.get("verifier"), f"the prepared data {prepared}"))
+    need = "tokenizer" if head_shapes_only else "weights"
+    verifier = verifier or (as_verifier(cfg.verifier, need) if cfg.verifier else Verifier.from_record(
+        prepared_manifest.get("verifier"), f"the prepared data {prepared}", need))
     embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
     text = vcfg.get("text_config", vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
