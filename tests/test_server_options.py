@@ -201,3 +201,17 @@ def test_a_memory_share_that_cannot_hold_the_weights_is_refused_before_vllm_star
     with pytest.raises(Eagle3InputError, match=r"weights need 69.3 GiB per GPU .* --gpu-memory-utilization 0\.9"):
         vllm_server.check_memory_share(d, command, gpu_bytes=gpu)
     vllm_server.check_memory_share(d, [*command[:-4], "--gpu-memory-utilization=0.9", "-tp", "8"], gpu_bytes=gpu)
+
+
+def test_float16_beside_a_deepseek_verifier_with_a_draft_is_refused(tmp_path):
+    verifier = tmp_path / "v"
+    verifier.mkdir()
+    (verifier / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "routed_scaling_factor": 2.5}))
+    draft = tmp_path / "d"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    spec = vllm_server.speculative_config(draft)
+    with pytest.raises(Eagle3InputError, match="routed_scaling_factor 2.5 in float16"):
+        VLLMServer(verifier, speculative=spec, dtype="float16")
+    VLLMServer(verifier, speculative=spec, dtype="bfloat16")  # the dtype it is served in
+    VLLMServer(verifier, dtype="float16")  # no draft: nothing reads the aux states

@@ -288,6 +288,7 @@ class VLLMServer:
         self.speculative = speculative
         self.vllm_args = split_vllm_args(vllm_args)
         check_draft_embedding(speculative, self.vllm_args)
+        check_draft_dtype(model_config(model), self.dtype, speculative)
         self.python = vllm_python(python)
         self.log_path = Path(log_path) if log_path else None
         self.startup_timeout = startup_timeout
@@ -441,6 +442,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from eagle3_train.utils.settings import add_settings_arguments
 
     add_settings_arguments(p, ServeSettings)
+
+
+def check_draft_dtype(config: dict[str, Any], dtype: str, speculative: dict[str, Any] | None) -> None:
+    """vLLM's DeepSeek-V2/V3 layers (Kimi's too) divide the residual stream by routed_scaling_factor in float16 (an
+    overflow guard), so the aux states an EAGLE draft reads beside such a verifier are off by that factor from the
+    ones it was trained on: refused, rather than served with an acceptance that says nothing about the draft."""
+    text = config.get("text_config") or config
+    scale = float(text.get("routed_scaling_factor") or 1.0)
+    method = (speculative or {}).get("method", "")
+    if dtype == "float16" and scale != 1.0 and method and method != "extract_hidden_states":
+        raise Eagle3InputError(f"--dtype float16 with a draft beside this DeepSeek/Kimi verifier: vLLM divides its "
+                               f"residual stream by routed_scaling_factor {scale:g} in float16, so the draft would "
+                               f"read aux states {scale:g}x smaller than it was trained on; serve in bfloat16")
 
 
 def _option(command: list[str], *names: str) -> str | None:
