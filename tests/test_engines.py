@@ -100,7 +100,9 @@ def test_a_draft_over_the_whole_vocabulary_exports_as_vllm_loads_it(head, tmp_pa
 def test_the_printed_serve_command_carries_trust_remote_code_when_the_run_used_it(ref, tmp_path):
     plain = write_ours(ref, tmp_path / "plain", {"settings": {"trust_remote_code": False}})
     kimi = write_ours(ref, tmp_path / "kimi", {"settings": {"trust_remote_code": True}})
-    assert "--trust-remote-code" not in export(plain, tmp_path / "a", fmt="eagle", verifier="v")["serve"]
+    result = export(plain, tmp_path / "a", fmt="eagle", verifier="v")
+    assert "--trust-remote-code" not in result["serve"]
+    assert "--pipeline-parallel-size 1" in result["serve_notes"][0]  # no embedding exported: PP >= 2 needs one
     for fmt in ("eagle", "speculators"):
         assert export(kimi, tmp_path / fmt, fmt=fmt, verifier="v")["serve"].endswith(" --trust-remote-code")
 

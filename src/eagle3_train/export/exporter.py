@@ -194,8 +194,11 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     log.info("exported %s draft to %s (reload check: max logit error %.2e)", fmt, out, err)
     # a verifier that needed its own code to train needs it to serve (Kimi's config and tokenizer)
     remote_code = bool((metadata.get("settings") or {}).get("trust_remote_code"))
+    notes = [] if include_embed else [
+        "pipeline parallelism: vLLM gives a draft the verifier's embedding only at --pipeline-parallel-size 1; "
+        "to serve this draft beside a verifier split over pipeline stages, export it with --include-embed"]
     return {"out": str(out), **record,
-            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code)}
+            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code), "serve_notes": notes}
 
 
 def is_export_dir(path: Path) -> bool:
