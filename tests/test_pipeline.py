@@ -270,8 +270,23 @@ def test_a_finetune_run_extracts_the_source_layers_not_the_default(tmp_path, tin
     (source / "draft_config.json").write_text(json.dumps(cfg))
     config = _small_config(tmp_path / "b", verifier, data)
     config["train"] = {**config["train"], "finetune_from": str(source)}
+    Pipeline(config).dry_run()  # reads the source, fits it to the verifier, names the layers extract will tap
+    assert not (tmp_path / "b" / "run").exists()
     Pipeline(config).run()
     run = tmp_path / "b" / "run"
     assert json.loads((run / "hidden_states" / "manifest.json").read_text())["layer_ids"] == [0, 1, 3]
     meta = json.loads((run / "train" / "training_metadata.json").read_text())
     assert meta["init"]["method"] == "finetune" and meta["draft_config"]["aux_layer_ids"] == [0, 1, 3]
+
+
+def test_run_dry_run_refuses_a_finetune_source_made_for_another_verifier(tmp_path, tiny_llama_dir, ref, capsys):
+    """Before any stage runs: a source of another hidden size is named, not found after prepare and extract."""
+    from draft_layouts import write_speculators
+
+    source = write_speculators(ref, tmp_path / "spec")  # SmolLM2-shaped (hidden 576); the tiny verifier has 64
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "run"), "verifier": str(tiny_llama_dir()),
+                                      "prepare": {"data": "sharegpt"}, "train": {"finetune_from": str(source)}}))
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"train.finetune_from {source}" in err and "hidden size 576" in err, err

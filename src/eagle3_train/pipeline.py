@@ -69,6 +69,24 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def _finetune_source_checks(ctx: RunContext) -> list[str]:
+    """A finetune source read (headers only) and fitted to the verifier before anything runs; the layers extract
+    will tap are its own."""
+    source = ctx.cfg["train"].get("finetune_from")
+    if not source:
+        return []
+    from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
+    from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
+
+    loaded = load_draft_source(source, shapes_only=True)
+    fill_default_aux_ids(loaded.config, verifier_dims(ctx.verifier.config)[2])
+    check_draft_fits_verifier(loaded.config, ctx.verifier.config, f"train.finetune_from {source}", ctx.verifier.name,
+                              {**loaded.tensors, **loaded.extra}, loaded.source_name)
+    layers = _extract_layers(ctx, {**ctx.cfg["extract"], "finetune_from": source})
+    return [f"  train: finetunes {source} ({loaded.format} format, {loaded.config.architecture} layer); extract taps "
+            f"its layers {layers} ({loaded.aux_ids_origin})"]
+
+
 def _check_stage_settings(ctx: RunContext, train_cfg: Any) -> None:
     """What each stage checks of its own settings before it reads anything, checked before any stage runs (the
     sections' types and ranges are checked when the config is read)."""
@@ -194,6 +212,7 @@ class Pipeline:
         lines = [f"run --dry-run: config valid, verifier {ctx.verifier_dir}"]
         lines += [f"  {name}: {status} -> {where}" for name, (status, where) in steps.items()]
         lines += self._server_checks(ctx)
+        lines += _finetune_source_checks(ctx)
         plan = {name: status for name, (status, _) in steps.items()}
         needed = ("prepare", "vocab", "extract") if _states_mode(ctx) == "offline" else ("prepare", "vocab")
         done = {name: plan[name].startswith("done") for name in needed}
