@@ -458,15 +458,17 @@ class FakeServer:
     """Deterministic chat completions with a fixed number of slots and a service time (its own throughput is
     slots / service_s). mode: ok | 500 (every chat request fails)."""
 
-    def __init__(self, slots: int = 8, service_s: float = 0.25, mode: str = "ok", model: str = "fake") -> None:
+    def __init__(self, slots: int = 8, service_s: float = 0.25, mode: str = "ok", model: str = "fake",
+                 root: str | None = None) -> None:
         from aiohttp import web
 
         self.mode, self.model, self.served = mode, model, 0
         self.loop = asyncio.new_event_loop()
         sem: list[asyncio.Semaphore] = []
 
-        async def models(request: web.Request) -> web.Response:
-            return web.json_response({"object": "list", "data": [{"id": model, "object": "model"}]})
+        async def models(request: web.Request) -> web.Response:  # `root`: the checkpoint vLLM names
+            card = {"id": model, "object": "model", **({"root": root} if root else {})}
+            return web.json_response({"object": "list", "data": [card]})
 
         async def chat(request: web.Request) -> web.Response:
             body = await request.json()

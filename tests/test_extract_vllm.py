@@ -166,3 +166,35 @@ def test_bad_endpoint_and_wrong_layers(tmp_path, prepared, smollm2_dir, server):
     with pytest.raises(Eagle3InputError, match=r"captures layers \[2,15,27,30\].*needs \[1, 15, 27, 30\]"):
         extract(prepared, smollm2_dir, tmp_path / "c", backend="vllm", endpoints=[server.base_url],
                 layer_ids=(1, 15, 27), **OPTS, vllm_options={"hidden_states_dir": server.hidden_states_dir})
+
+
+def test_a_server_of_another_checkpoint_is_refused_by_its_identity(tiny_llama_dir, tmp_path):
+    """A base model served for an instruct run has the same shapes, so no reply would show it: the server's
+    /v1/models `root` names its checkpoint, and a config.json other than the run's verifier's is refused."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from reliability_campaign import FakeServer
+
+    from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
+
+    verifier = tiny_llama_dir()
+    other = tmp_path / "other"
+    shutil.copytree(verifier, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rope_theta": 1234.0}))
+    hs_dir = tmp_path / "hs"
+    hs_dir.mkdir()
+    for root, refused in ((other, True), (verifier, False)):
+        server = FakeServer(model="m", root=str(root))
+        client = VLLMHiddenStates([server.url], verifier, [1, 2, 3], torch.float32, model="m", max_retries=0,
+                                  hidden_states_dir=hs_dir)
+        try:
+            if refused:
+                with pytest.raises(Eagle3InputError, match=f"serves {other}, whose config.json differs"):
+                    client.open()
+            else:
+                assert client.open()["servers"][0]["root"] == str(verifier)
+        finally:
+            client.close()
+            server.close()

@@ -208,14 +208,24 @@ class VLLMHiddenStates:
 
     async def _server_info(self, ep: Any) -> dict[str, Any]:
         info: dict[str, Any] = {"url": ep.url}
-        models = await ep.client.models.list()
-        for m in models.data:
-            if m.id == self.model:
-                extra = m.model_extra or {}
-                info.update(root=extra.get("root"), max_model_len=extra.get("max_model_len"))
+        for m in await self.pool.model_cards(ep):
+            if m["id"] == self.model:
+                info.update(root=m["root"], max_model_len=m["max_model_len"])
+        self._check_identity(ep.url, info.get("root"))
         root = ep.url[: -len("/v1")] if ep.url.endswith("/v1") else ep.url
         info["version"] = await asyncio.to_thread(_server_version, root)
         return info
+
+    def _check_identity(self, url: str, root: str | None) -> None:
+        """The server runs this run's verifier: the checkpoint it names (`root`) has the same config.json when it is
+        a directory here (a base model served for an instruct run has the same shapes, and no other check sees it)."""
+        if not root or not (Path(root) / "config.json").is_file():
+            return  # a hub id, or a path on another machine: the shape checks of every reply remain
+        if read_json(Path(root) / "config.json", "served verifier config") != read_json(
+                self.verifier_dir / "config.json", "verifier config"):
+            raise Eagle3InputError(f"{url} serves {root}, whose config.json differs from this run's verifier "
+                                   f"{self.verifier_dir}: its hidden states are another model's; serve "
+                                   f"{self.verifier_dir} or pass --verifier {root}")
 
     def close(self) -> None:
         if self.loop is not None:

@@ -137,7 +137,7 @@ class ChatPool:
         for ep in self.endpoints:
             for attempt in range(attempts):
                 try:
-                    cards = await self._cards(ep)
+                    cards = await self.model_cards(ep)
                     models = [m["id"] for m in cards]
                     self.model_card = self.model_card or next(
                         ({"root": m["root"], "max_model_len": m["max_model_len"]} for m in cards
@@ -171,7 +171,7 @@ class ChatPool:
         """The name of the one model the first endpoint serves (for callers given no model name)."""
         ep = self.endpoints[0]
         try:
-            models = [m["id"] for m in await self._cards(ep)]
+            models = [m["id"] for m in await self.model_cards(ep)]
         except Exception as e:  # noqa: BLE001 - reported as one clear error
             raise EndpointUnavailable(f"cannot list the models of {ep.url} ({e}); is the server running?") from None
         if len(models) != 1:
@@ -215,7 +215,7 @@ class ChatPool:
         except TimeoutError:
             raise _Deadline(f"no complete reply within {self.timeout_s:g} s") from None
 
-    async def _cards(self, ep: _Endpoint) -> list[dict[str, Any]]:
+    async def model_cards(self, ep: _Endpoint) -> list[dict[str, Any]]:
         return model_cards(await self._body(ep.client.models.with_streaming_response.list(), reply_limit(1 << 12)))
 
     async def complete_tokens(self, prompt_token_ids: list[int], *, prefer: int | None = None, max_tokens: int = 1,
