@@ -203,3 +203,16 @@ def test_a_cut_off_weight_file_is_a_clear_error_for_export(ref, tmp_path, capsys
     weights.write_bytes(weights.read_bytes()[:1000])
     assert cli.main(["export", str(run), "--out", str(tmp_path / "x"), "--format", "eagle"]) == 2
     assert f"weight file {weights} cannot be read (corrupt or truncated?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", [{"init": "x"}, {"init": {"method": "finetune", "source_metadata": "x"}},
+                                    {"export": "x"}, {"settings": [1]}, {"verifier": 5}, {"run": "x"}])
+def test_a_training_metadata_of_wrong_shapes_is_one_clear_error(ref, tmp_path, capsys, damage):
+    run = write_ours(ref, tmp_path / "run")
+    meta = run / "final" / "training_metadata.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **damage}))
+    key = next(iter(damage)) if "source_metadata" not in json.dumps(damage) else "init.source_metadata"
+    for argv in (["inspect", str(run)], ["export", str(run), "--out", str(tmp_path / "x"), "--format", "eagle"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"'{key}' must be an object" in err and str(meta) in err, err

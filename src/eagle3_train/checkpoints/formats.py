@@ -22,7 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from eagle3_train.checkpoints.native import is_run_dir, resolve_checkpoint
+from eagle3_train.checkpoints.native import is_run_dir, read_metadata, resolve_checkpoint
 from eagle3_train.model.architectures import architecture_from_config
 from eagle3_train.model.config import MLA_DIMS, DraftConfig, default_aux_layer_ids
 from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map, sha256_file
@@ -376,8 +376,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)
         tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
         notes.append("no d2t/t2d: the draft vocabulary is the whole vocabulary, in token order")
-    meta_path = directory / "training_metadata.json"
-    metadata = read_json(meta_path, "training metadata") if meta_path.is_file() else None
+    metadata = read_metadata(directory)
     hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}
     return LoadedDraft(path, fmt, config, tensors, hashes, source_config, renamed, extra, unknown, notes, metadata,
                        aux_ids_origin(source_config, fmt, nested), files)

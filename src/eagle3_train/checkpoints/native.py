@@ -172,10 +172,32 @@ def resolve_checkpoint(path: str | Path, notes: list[str] | None = None) -> Path
     raise Eagle3InputError(f"{p} is neither an eagle3-train checkpoint nor a training run directory")
 
 
+# The sections of training_metadata.json that readers walk into (lineage, inspect, export): each an object when present.
+_METADATA_OBJECTS = ("init", "export", "run", "verifier", "settings", "data", "vocab", "draft_config", "metrics",
+                     "environment")
+
+
+def check_metadata(meta: dict[str, Any], where: str, depth: int = 0) -> dict[str, Any]:
+    """`meta` with every section a reader walks into of the right shape, down the lineage (a finetune's
+    `init.source_metadata`); a damaged or hand-edited file is one clear error naming the key."""
+    for key in _METADATA_OBJECTS:
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            raise Eagle3InputError(f"{where}: '{key}' must be an object, got {type(meta[key]).__name__} "
+                                   f"{str(meta[key])[:40]!r} (a damaged or hand-edited file)")
+    source = (meta.get("init") or {}).get("source_metadata")
+    if source is not None:
+        if not isinstance(source, dict):
+            raise Eagle3InputError(f"{where}: 'init.source_metadata' must be an object, got "
+                                   f"{type(source).__name__}")
+        if depth < 100:  # deeper is a cycle in hand-edited metadata; inspect's lineage stops there too
+            check_metadata(source, f"{where} (init.source_metadata)", depth + 1)
+    return meta
+
+
 def read_metadata(directory: str | Path) -> dict[str, Any] | None:
-    """A checkpoint's (or export's) training_metadata.json; None when it has none."""
+    """A checkpoint's (or export's) training_metadata.json, its sections checked; None when it has none."""
     meta = Path(directory) / METADATA
-    return read_json(meta, "training metadata") if meta.is_file() else None
+    return check_metadata(read_json(meta, "training metadata"), str(meta)) if meta.is_file() else None
 
 
 def recorded_verifier(draft: str | Path) -> str | None:

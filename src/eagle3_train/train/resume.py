@@ -8,13 +8,16 @@ from typing import Any
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.inputs import RunInputs
-from eagle3_train.utils.io import Eagle3InputError, read_json
+from eagle3_train.utils.io import Eagle3InputError
 
 
 def check_resumable(cfg: TrainConfig, inputs: RunInputs, latest: Path) -> dict[str, Any]:
     """The training metadata of checkpoint `latest`, once its settings (those that shape the result), prepared data,
     hidden states and run vocabulary are found to be this run's; otherwise an error naming every difference."""
-    prev = read_json(latest / ckpt.METADATA, "training metadata of the checkpoint")
+    prev = ckpt.read_metadata(latest)
+    if prev is None:
+        raise Eagle3InputError(f"checkpoint {latest} has no {ckpt.METADATA}: it cannot be resumed (train into a new "
+                               f"--out, or start over with --overwrite)")
     conflicts = cfg.resume_conflicts(prev.get("settings", {}))
     hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
                                 inputs.prepared_manifest_sha256),
