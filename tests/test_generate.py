@@ -342,3 +342,29 @@ def test_a_server_trickling_its_reply_cannot_hold_a_request_past_the_timeout(tmp
     finally:
         server.close()
     assert time.monotonic() - t0 < 30  # two attempts of 2 s and a backoff, not the reply's ~150 s
+
+
+def test_prepared_data_records_how_it_was_regenerated(tmp_path, tiny_llama_dir):
+    """The training metadata recorded the conversations file's path and hash, not how it was made: prepare now
+    carries generate's record (served model, sampling, thinking, counts) into its manifest, whence it reaches the
+    training metadata and every export."""
+    from reliability_campaign import FakeServer
+
+    from eagle3_train.data.prepare import prepare
+
+    src = tmp_path / "src.jsonl"
+    src.write_text("".join(json.dumps({"id": f"c{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                                   {"role": "assistant", "content": "a"}]}) + "\n"
+                           for i in range(4)))
+    server = FakeServer(service_s=0.0)
+    try:
+        regenerate(src, tmp_path / "gen", [server.url], "fake", max_tokens=16, temperature=0.7, seed=3)
+    finally:
+        server.close()
+    manifest = prepare(tmp_path / "gen", tiny_llama_dir(), tmp_path / "prep", max_length=64, val_count=1)
+    record = manifest["source"]["regeneration"]
+    assert record["model"] == "fake" and record["endpoints"] == [server.url]
+    assert record["sampling"]["temperature"] == 0.7 and record["sampling"]["seed"] == 3
+    assert record["counts"]["done"] == 4 and record["source"]["path"] == str(src)  # the data it regenerated
+    plain = prepare(src, tiny_llama_dir(), tmp_path / "prep-plain", max_length=64, val_count=1)
+    assert plain["source"]["regeneration"] is None  # not regenerated: nothing to record

@@ -77,6 +77,9 @@ class SourceInfo:
     skip_bad_records: bool = False
     bad_records: dict[str, int] = field(default_factory=dict)  # reason -> records skipped (skip_bad_records)
     bad_record_examples: list[dict[str, Any]] = field(default_factory=list)  # first few: file, line, reason, detail
+    # How a `generate` output was regenerated (its manifest): served model, endpoints, sampling, thinking, counts;
+    # carried into the prepared manifest, the training metadata and every export
+    regeneration: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,8 +132,32 @@ def load_conversations(source: str | Path, limit: int | None = None, skip_bad_re
     path = resolve_source(source)
     check_at_least("limit", limit, 0)
     info = SourceInfo(source=str(source), path=str(path), sha256=sha256_file(path), limit=limit,
-                      skip_bad_records=skip_bad_records)
+                      skip_bad_records=skip_bad_records, regeneration=regeneration_record(path))
     return _iter_file(path, info, limit), info
+
+
+_REGENERATION_KEYS = ("model", "endpoints", "sampling", "thinking", "counts", "source", "environment")
+
+
+def regeneration_record(path: Path) -> dict[str, Any] | None:
+    """What generate's manifest beside `path` (its conversations.jsonl) says of how the data was regenerated."""
+    manifest = path.parent / "manifest.json"
+    if path.name != "conversations.jsonl" or not manifest.is_file():
+        return None
+    try:
+        m = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("stage") != "generate":
+        return None
+    record = {k: m.get(k) for k in _REGENERATION_KEYS if k in m}
+    source = record.get("source")
+    if isinstance(source, dict):  # the data it regenerated: where and which, not its counts again
+        record["source"] = {k: source.get(k) for k in ("source", "path", "sha256", "regeneration") if k in source}
+    env = record.get("environment")
+    if isinstance(env, dict):
+        record["environment"] = {k: env.get(k) for k in ("versions", "git_commit", "host") if k in env}
+    return record
 
 
 def _bad(info: SourceInfo, path: Path, line: int, reason: str, detail: str) -> None:
