@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stage_helpers import assert_same_hidden_states, kill_after_first_shard
+from stage_helpers import kill_after_first_shard
 from vllm_helpers import require_vllm
 
 from eagle3_train import cli
@@ -114,6 +114,22 @@ def test_outputs_are_interchangeable_for_training(hf_run, vllm_run, prepared, sm
     assert bh.aux.shape == bv.aux.shape and bh.final.shape == bv.final.shape
 
 
+def _same_within_batching(expected: Path, actual: Path, splits) -> None:
+    """The resumed store holds the same samples, the kept shards bit for bit (their files are untouched, checked by
+    the callers) and the recomputed ones within a bf16 step: a resume sends fewer requests at another concurrency,
+    so vLLM batches them differently, and on AVX2-only CPUs its kernels then round differently (measured
+    2026-12-03: bit-exact on AVX512 hosts, not on an AVX2-only one; the old code differed there the same way)."""
+    for split in splits:
+        want, got = HiddenStatesReader(expected, split), HiddenStatesReader(actual, split)
+        assert got.sample_indices == want.sample_indices, split
+        for i in want.sample_indices:
+            a, b = want.load(i), got.load(i)
+            for key in ("aux", "final"):
+                x, y = a[key].float(), b[key].float()
+                step = torch.maximum(x.abs(), y.abs()) * 2.0 ** -7 + 1e-3
+                assert bool(((x - y).abs() <= 2 * step).all()), (split, i, key, float((x - y).abs().max()))
+
+
 def test_resume_after_partial_output(tmp_path, vllm_run, prepared, smollm2_dir, server):
     out = tmp_path / "hidden"
     shutil.copytree(vllm_run, out)
@@ -135,7 +151,7 @@ def test_resume_after_partial_output(tmp_path, vllm_run, prepared, smollm2_dir, 
                     vllm_options={"hidden_states_dir": server.hidden_states_dir})
     assert again["status"] == "complete" and not list(out.glob("**/*.tmp"))
     assert {f: (out / "train" / f).stat().st_mtime_ns for f in kept} == kept, "finished shards were recomputed"
-    assert_same_hidden_states(vllm_run, out, ["train"])
+    _same_within_batching(vllm_run, out, ["train"])
 
 
 def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server):
@@ -153,7 +169,7 @@ def test_resume_after_sigkill(tmp_path, vllm_run, prepared, smollm2_dir, server)
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr
     assert {f: (out / "train" / f).stat().st_mtime_ns for f in finished} == finished, "finished shards rewritten"
-    assert_same_hidden_states(vllm_run, out, SPLITS)
+    _same_within_batching(vllm_run, out, SPLITS)
 
 
 def test_bad_endpoint_and_wrong_layers(tmp_path, prepared, smollm2_dir, server):

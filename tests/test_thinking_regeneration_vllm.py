@@ -33,7 +33,21 @@ from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+def _avx512() -> bool:
+    try:
+        return " avx512f" in open("/proc/cpuinfo").read()
+    except OSError:
+        return True
+
+
+# The taught simulated Kimi answers exactly as taught where vLLM's CPU kernels round like the torch it was taught in;
+# on an AVX2-only host they do not (measured 2026-12-03, at this change's parent too: "Here.Here....." served for
+# the taught "Here is my reply."), so its exact-text checks cannot hold there. Open: teach it in the served precision.
+AVX2_ONLY = pytest.mark.skipif(not _avx512(), reason="AVX2-only CPU: vLLM's kernels do not reproduce the taught "
+                                                     "model's greedy text (see the comment above)")
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, AVX2_ONLY]
+
 
 CONVERSATIONS = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"Question {i}: what about {t}?"},
                                               {"role": "assistant", "content": "-"},
