@@ -27,11 +27,16 @@ def check_at_least(name: str, value: float | None, minimum: float) -> None:
         raise Eagle3InputError(f"{name} must be >= {minimum}, got {value}")
 
 
+def plain_name(name: Any) -> bool:
+    """`name` is one entry of a directory: a non-empty string, not `.` or `..`, without separators or NUL."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def file_in(directory: Path, name: Any, what: str) -> Path:
     """`directory / name` for a file name read from a file we did not write (an index's shard, a manifest entry):
     a plain name of an entry of `directory`, never `..`, an absolute path or a link leading out of it (except the
     hub cache's own links from a snapshot into its `blobs/`)."""
-    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+    if not plain_name(name):
         raise Eagle3InputError(f"{what} names {name!r}, which is not a plain file name inside {directory}: refusing "
                                f"to read it")
     path = directory / name

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.io import Eagle3InputError, plain_name
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ Ownership = Callable[[Path], bool]
 
 # --- the marker -------------------------------------------------------------------------------------------------
 
-def _plain_name(name: Any) -> bool:
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name \
-        and "\0" not in name
-
-
 def read_marker(path: Path) -> dict[str, Any] | None:
     """The marker of directory `path`, or None when it has none (or an unreadable one, or one whose file list names
     anything but plain entries of `path`: not ours)."""
@@ -62,7 +57,7 @@ def read_marker(path: Path) -> dict[str, Any] | None:
     if not isinstance(marker, dict) or marker.get("tool") != "eagle3-train":
         return None
     files = marker.get("files")
-    if files is not None and not (isinstance(files, list) and all(_plain_name(f) for f in files)):
+    if files is not None and not (isinstance(files, list) and all(plain_name(f) for f in files)):
         return None
     return marker
 
@@ -77,7 +72,7 @@ def write_marker(path: Path, stage: str, files: Iterable[str], temp: bool = Fals
     """Mark `path` as written by `stage`, owning the top-level entries `files`; `temp`: a directory this tool
     created empty under a unique name (`make_temp_dir`), wholly ours."""
     names = sorted(set(files))
-    if not all(_plain_name(n) for n in names):
+    if not all(plain_name(n) for n in names):
         raise ValueError(f"marker entries must be plain names, got {names}")
     record: dict[str, Any] = {"tool": "eagle3-train", "stage": stage, "files": names}
     if temp:
