@@ -7,6 +7,7 @@ saves for one micro-batch of the training code path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import weakref
 
@@ -115,10 +116,15 @@ def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
     # the memory terms that scale with the vocabularies stay at the draft vocab: no [tokens, 163840] term
     N = p.batch["tokens"]
     assert p.memory["targets"] < N * 32000 * 4 * 1.01
-    # 4 TB of disk cannot hold 5.7 TB: only online fits; a 141 GB GPU holds the training step
+    # 4 TB of disk cannot hold 5.7 TB; a 141 GB GPU holds the training step, but where the verifier's servers run
+    # is unknown (config only), so online is not said to fit
     assert p.memory["peak"] < 141e9
-    assert [m for m, x in p.modes.items() if x["fits"]] == ["online"]
-    assert p.recommendation.startswith("online") and "fp8 storage (2.87 TB)" in p.recommendation
+    assert not any(x["fits"] for x in p.modes.values()) and p.modes["online"]["fits"] is None
+    assert "--server-memory" in p.recommendation and "fp8 storage (2.87 TB)" in p.recommendation
+    # servers on other GPUs: only online fits
+    apart = plan(dataclasses.replace(s, server_memory_gb=0))
+    assert [m for m, x in apart.modes.items() if x["fits"]] == ["online"]
+    assert apart.recommendation.startswith("online:")
     # default draft shape (what the trainer derives without overrides): head_dim = hidden / heads
     q = plan(PlanSettings(verifier=str(d), samples=25000, tokens_per_sample=4000))
     assert q.draft["head_dim"] == 112 and q.parameters["trainable"] < trainable
@@ -127,8 +133,17 @@ def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
 def test_fits_and_recommendation(tmp_path):
     d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
     base = dict(verifier=str(d), samples=1000, tokens_per_sample=2048)
-    roomy = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10))
-    assert all(m["fits"] for m in roomy.modes.values()) and roomy.recommendation.startswith("offline")
+    roomy = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10, server_memory_gb=0))
+    assert all(m["fits"] for m in roomy.modes.values()) and roomy.recommendation.startswith("offline (or hybrid")
+    # the server beside the trainer leaves no room for hybrid: the recommendation does not offer it
+    crowded = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10, server_memory_gb=70))
+    assert crowded.modes["offline"]["fits"] and crowded.modes["hybrid"]["fits"] is False
+    assert crowded.recommendation.startswith("offline:") and "hybrid" not in crowded.recommendation
+    assert "online avoids" not in crowded.recommendation
+    # where the server runs is not given: hybrid/online unknown, never silently fitting
+    unsaid = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10))
+    assert unsaid.modes["hybrid"]["fits"] is None and "--server-memory" in unsaid.recommendation
+    assert any("--server-memory" in n for n in unsaid.notes)
     tiny_gpu = plan(PlanSettings(**base, gpu_memory_gb=1, disk_tb=10))
     assert not any(m["fits"] for m in tiny_gpu.modes.values()) and "nothing fits" in tiny_gpu.recommendation
     unknown = plan(PlanSettings(**base))
@@ -267,7 +282,7 @@ def test_the_servers_memory_and_time_figures(tmp_path):
     d = write_config(tmp_path, "kimi", KIMI_K2)
     base = dict(verifier=str(d), samples=25000, tokens_per_sample=4000, draft_vocab=32000, head_dim=128, gpus=8,
                 gpu_memory_gb=141, disk_tb=4)
-    apart = plan(PlanSettings(**base))
+    apart = plan(PlanSettings(**base, server_memory_gb=0))
     beside = plan(PlanSettings(**base, server_memory_gb=120))
     assert apart.modes["online"]["fits"] is True and beside.modes["online"]["fits"] is False
     assert beside.recommendation.startswith("nothing fits") and "beside the trainer" in beside.recommendation
@@ -282,3 +297,41 @@ def test_the_servers_memory_and_time_figures(tmp_path):
     assert sec["online"]["run_after_regeneration"] == 2 * tokens / 20000
     assert sec["online"]["regenerate"] == 25000 * 2000 / 10000
     assert "time: offline" in format_plan(timed)
+
+
+def test_plan_at_the_kimi_users_settings(tmp_path):
+    """The Kimi user's settings (issue 33): 16K-token samples, fp8 storage, servers beside the trainer, an MLA draft
+    rebuilt to another vocabulary. Each figure as the trainer holds it, and advice that helps at these settings."""
+    from kimi_layouts import write_kimi_mla_draft
+
+    d = write_config(tmp_path, "kimi", KIMI_K2)
+    index = {"metadata": {"total_size": 595_000_000_000}, "weight_map": {}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    source = write_kimi_mla_draft(tmp_path / "mla")
+    base = dict(verifier=str(d), samples=25000, tokens_per_sample=16384, gpus=8, gpu_memory_gb=141, disk_tb=4,
+                dtype="fp8", finetune_from=str(source), ttt_steps=7)
+    p = plan(PlanSettings(**base, draft_vocab=64000))
+    # --draft-vocab with --finetune-from is a rebuild at that size, said in the notes
+    assert p.draft["draft_vocab_size"] == 64000 and p.draft["architecture"] == "mla"
+    assert any("rebuilt" in n and "32000" in n for n in p.notes)
+    assert plan(PlanSettings(**base)).draft["draft_vocab_size"] == 32000  # keep: the source's
+    # bf16 training holds the frozen embedding and lm_head in bf16 (trainer._setup_model)
+    assert p.memory["frozen_embedding"] == 163840 * 7168 * 2 and p.memory["verifier_lm_head"] == 163840 * 7168 * 2
+    fp32 = plan(PlanSettings(**base, precision="fp32"))
+    assert fp32.memory["frozen_embedding"] == 163840 * 7168 * 4
+    # the printed draft is MLA, not Llama heads x head_dim
+    text = format_plan(p)
+    assert "MLA 64 heads (q_lora 1536, kv_lora 512, qk 128+64, v 128)" in text and "x 112" not in text
+    # no --server-memory: the 595 GB of weights over 8 GPUs (74 GB each) beside the trainer's peak cannot fit
+    assert p.modes["online"]["server_memory_per_gpu"]["at_least_bytes"] == 595_000_000_000 // 8
+    assert p.modes["online"]["fits"] is False and "at least 74.38 GB per GPU" in p.recommendation
+    # a step that does not fit: at 16K tokens per sample only shorter samples help, not --token-budget
+    tight = plan(PlanSettings(**{**base, "gpu_memory_gb": 20}))
+    assert tight.modes["offline"]["fits"] is False
+    assert "prepare --max-length" in tight.recommendation and "--token-budget does not help" in tight.recommendation
+
+
+def test_plan_refuses_a_negative_server_share(tmp_path):
+    d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
+    with pytest.raises(Eagle3InputError, match="--server-memory must be >= 0"):
+        plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=8, server_memory_gb=-1))

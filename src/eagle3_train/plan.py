@@ -20,12 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block
+from eagle3_train.model.verifier_head import chunk_rows
 from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.precision import verifier_tensor_dtype
 from eagle3_train.utils.io import Eagle3InputError
 
 _TRAIN_DEFAULTS = TrainConfig()
+DEFAULT_DRAFT_VOCAB = 32000  # `eagle3-train vocab`'s default size
 # bytes per element of stored hidden states; fp8 adds one fp32 scale per row (per token and per stored state)
 _STORAGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 _FP8_SCALE_BYTES = 4
@@ -38,7 +43,9 @@ class PlanSettings:
     verifier: str  # a config.json, a directory holding one, an embedded name or a hub id (config.json only fetched)
     samples: int
     tokens_per_sample: int
-    draft_vocab: int = 32000
+    # draft vocabulary rows; None: the finetune source's (`--finetune-vocab keep`), else 32000 (vocab's default).
+    # Given with finetune_from, it is planned as `--finetune-vocab rebuild` at this size.
+    draft_vocab: int | None = None
     ttt_steps: int = _TRAIN_DEFAULTS.ttt_steps
     token_budget: int = _TRAIN_DEFAULTS.token_budget  # padded tokens per micro-batch and rank
     grad_accum: int = _TRAIN_DEFAULTS.grad_accum
@@ -61,9 +68,10 @@ class PlanSettings:
     checkpoint_mlp: bool = _TRAIN_DEFAULTS.checkpoint_mlp
     checkpoint_loss: bool = _TRAIN_DEFAULTS.checkpoint_loss
     layer_ids: tuple[int, ...] | None = None  # the verifier layers tapped; None: those extract taps by default
-    # the verifier's vLLM server on the training GPUs (GB per GPU; 0: it runs on other machines): hybrid and online
-    # training need it beside the trainer
-    server_memory_gb: float = 0.0
+    # the verifier's vLLM server on the training GPUs (GB per GPU; 0: it runs on other GPUs): hybrid and online
+    # training need it. None (not given): unknown, and at least the weights spread over these GPUs when their size
+    # is known - never silently zero.
+    server_memory_gb: float | None = None
     # throughputs, measured (e.g. `generate`'s probe, `extract --max-samples N`, a short `train --max-steps N`) or
     # given, in tokens/s over the whole run: they turn into time figures
     generate_tokens_per_s: float | None = None
@@ -151,8 +159,6 @@ def _verifier_weight_bytes(cfg_path: Path) -> int | None:
 # --- the draft, counted -------------------------------------------------------------------------------------------
 def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
     """The draft the trainer would build (same config code, same module), on the meta device: shapes, no memory."""
-    import torch
-
     from eagle3_train.model.config import DraftConfig
     from eagle3_train.model.draft import Eagle3Draft
 
@@ -254,9 +260,9 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
         "adamw_states": 8 * P,  # exp_avg + exp_avg_sq, fp32
         "autocast_weight_copies": 2 * P if bf16 else 0,  # bf16 casts of the weights, kept for backward
         "frozen_embedding": V * H * frozen_bytes,  # the verifier's input embedding inside the draft
-        # verifier lm_head for the targets (train/targets.py): its own fp32 copy on the GPU; on CPU the loaded
-        # tensor itself (counted in host memory)
-        "verifier_lm_head": V * Ht * 4 if s.device == "cuda" else 0,
+        # verifier lm_head for the targets (train/targets.py), in the trainer's frozen dtype (bf16 under bf16): a copy
+        # on the GPU; on CPU the loaded tensor itself (counted in host memory)
+        "verifier_lm_head": V * Ht * frozen_bytes if s.device == "cuda" else 0,
         "buffers": V + 8 * Vd,  # t2d (bool), d2t (int64)
         "batch": N * 4 * Ht * 4,  # aux [N, 3H] + final [N, H], converted to fp32 on the device
         "targets": R * Vd * 4 + 16 * R,  # verifier distribution over the DRAFT vocab only, kept for the step
@@ -269,12 +275,11 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     # The loss (ttt._head_loss) holds four [R, Vd] fp32 tensors at once in the forward: the draft's softmax, the
     # gathered targets and the alpha metric's two temporaries (the logits and log-softmax before them are three); three
     # in backward: softmax, targets and the logits' gradient (train/losses.py, soft_cross_entropy).
-    # Under autocast the fp32 lm_head (and its draft rows) are cast to bf16 for each chunk's matmul: not leaves that
-    # need grad, so autocast does not cache them, and a [V, H] bf16 copy exists while a chunk runs.
-    chunk = min(1024, R)
-    targets_tmp = chunk * V * (2 if bf16 else 4) + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
-    if bf16:
-        targets_tmp += 2 * V * Ht + 2 * Vd * Ht
+    # The full-vocab pass multiplies in lm_head's dtype (the trainer holds it in `frozen_bytes`), then in fp32; the
+    # rows per chunk are capped as `chunk_rows` caps them (409 rows of Kimi's 163840 tokens).
+    chunk = max(1, min(chunk_rows(1024, V, 2**26), R))
+    full_logits = chunk * V * (4 if frozen_bytes == 4 else frozen_bytes + 4)
+    targets_tmp = full_logits + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     loss_fwd, loss_bwd = loss_forward_bytes(R, Vd), 3 * R * Vd * 4
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
@@ -305,7 +310,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
 # --- the plan -----------------------------------------------------------------------------------------------------
 def _check(s: PlanSettings) -> None:
     for name in ("samples", "tokens_per_sample", "draft_vocab", "ttt_steps", "token_budget", "gpus", "grad_accum"):
-        if getattr(s, name) < 1:
+        if getattr(s, name) is not None and getattr(s, name) < 1:
             raise Eagle3InputError(f"plan: --{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     if s.dtype not in _STORAGE_BYTES:
         raise Eagle3InputError(f"plan: --dtype must be one of {', '.join(_STORAGE_BYTES)}, got {s.dtype!r}")
@@ -315,6 +320,9 @@ def _check(s: PlanSettings) -> None:
         raise Eagle3InputError(f"plan: --device must be cuda or cpu, got {s.device!r}")
     if not 0 < s.supervised_fraction <= 1:
         raise Eagle3InputError(f"plan: --supervised-fraction must be in (0, 1], got {s.supervised_fraction}")
+    if s.server_memory_gb is not None and s.server_memory_gb < 0:
+        raise Eagle3InputError(f"plan: --server-memory must be >= 0 GB (0: the server runs on other GPUs), got "
+                               f"{s.server_memory_gb}")
 
 
 def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
@@ -324,27 +332,32 @@ def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
 
 
 def _from_source(s: PlanSettings, num_layers: int) -> PlanSettings:
-    """The settings with the finetune source's architecture, draft vocabulary and aux layers (what `train
-    --finetune-from` builds and `extract --finetune-from` taps)."""
+    """The settings with the finetune source's architecture, aux layers and (unless a draft vocabulary size is given:
+    a rebuild) its vocabulary: what `train --finetune-from` builds and `extract --finetune-from` taps. The source's
+    own vocabulary size comes back for the notes."""
     from eagle3_train.checkpoints.formats import draft_architecture
 
     c, _ = draft_architecture(s.finetune_from, num_layers)
     return dataclasses.replace(s, architecture=c.architecture, mla_dims={k: getattr(c, k) for k in MLA_DIMS},
                                num_layers=c.num_layers, intermediate_size=c.intermediate_size,
                                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                               head_dim=c.head_dim, draft_vocab=c.draft_vocab_size, layer_ids=tuple(c.aux_layer_ids))
+                               head_dim=c.head_dim, draft_vocab=s.draft_vocab or c.draft_vocab_size,
+                               layer_ids=tuple(c.aux_layer_ids)), c.draft_vocab_size
 
 
 def plan(s: PlanSettings) -> Plan:
     _check(s)
     vcfg, cfg_path = read_verifier_config(s.verifier)
     text = vcfg.get("text_config", vcfg)
+    source_vocab = None
     if s.finetune_from:
-        s = _from_source(s, int(text["num_hidden_layers"]))
+        s, source_vocab = _from_source(s, int(text["num_hidden_layers"]))
+    s = dataclasses.replace(s, draft_vocab=s.draft_vocab or DEFAULT_DRAFT_VOCAB)
     draft_cfg, model = build_meta_draft(vcfg, s)
     tied = bool(vcfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     params = count_parameters(model)
-    frozen_bytes = model.embed_tokens.weight.element_size()  # the dtype the trainer builds the embedding in
+    # the dtype the trainer holds the frozen embedding and lm_head in (train/trainer.py `_setup_model`)
+    frozen_bytes = torch.empty((), dtype=verifier_tensor_dtype(s.precision)).element_size()
     H = draft_cfg.aux_hidden_size
     g = _geometry(s)
     tokens = s.samples * s.tokens_per_sample
@@ -376,10 +389,16 @@ def plan(s: PlanSettings) -> Plan:
     disk_need = hs["total_bytes"]
     disk_ok = None if s.disk_tb is None else disk_need <= s.disk_tb * TB
 
-    served_ok = None if s.gpu_memory_gb is None else mem["peak"] + s.server_memory_gb * GB <= s.gpu_memory_gb * GB
+    server = _server_share(s, weight_bytes)
+    served_ok = _served_fits(mem["peak"], server, s)
     modes = _modes(disk_need, disk_step, wire_step, allreduce, mem_ok, disk_ok, s, served_ok)
+    for name in ("hybrid", "online"):
+        modes[name]["server_memory_per_gpu"] = server
     _add_times(modes, tokens, s)
-    notes = _notes(weight_bytes, frozen_bytes, s)
+    notes = _notes(weight_bytes, frozen_bytes, s, server)
+    if source_vocab is not None and s.draft_vocab != source_vocab:
+        notes.append(f"draft vocabulary: {s.draft_vocab} rows, rebuilt from this run's data (the source has "
+                     f"{source_vocab}): `train --finetune-vocab rebuild` with a vocabulary of that size")
     rec = _recommend(modes, mem_ok, disk_ok, s)
     fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
     if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
@@ -406,6 +425,31 @@ def _host_memory(detail: dict[str, Any], mem: dict[str, Any], s: PlanSettings) -
     return host
 
 
+def _server_share(s: PlanSettings, weight_bytes: int | None) -> dict[str, Any]:
+    """GPU memory per training GPU that the verifier's server takes in hybrid/online training: as given, else at least
+    its weights spread over these GPUs (KV cache and activations come on top), else unknown."""
+    if s.server_memory_gb is not None:
+        where = "on other GPUs" if s.server_memory_gb == 0 else "beside the trainer"
+        return {"bytes": int(s.server_memory_gb * GB), "basis": f"given (--server-memory: {where})"}
+    if weight_bytes:
+        return {"bytes": None, "at_least_bytes": weight_bytes // s.gpus,
+                "basis": f"not given; its weights alone are {_b(weight_bytes // s.gpus)} per GPU over {s.gpus}"}
+    return {"bytes": None, "basis": "not given, and the verifier's weight size is unknown (config only)"}
+
+
+def _served_fits(peak: int, server: dict[str, Any], s: PlanSettings) -> bool | None:
+    """Whether the trainer's peak and the server's share fit one GPU; None where either is unknown (a floor that
+    already overflows is a no)."""
+    if s.gpu_memory_gb is None:
+        return None
+    limit = s.gpu_memory_gb * GB
+    if server["bytes"] is not None:
+        return peak + server["bytes"] <= limit
+    if server.get("at_least_bytes") and peak + server["at_least_bytes"] > limit:
+        return False
+    return None
+
+
 def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_ok: bool | None,
            disk_ok: bool | None, s: PlanSettings, served_ok: bool | None) -> dict[str, dict[str, Any]]:
     """Disk, transfer per step and verifier passes of offline, hybrid and online training, and whether each fits."""
@@ -430,8 +474,11 @@ def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_o
     return modes
 
 
-def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings) -> list[str]:
+def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings, server: dict[str, Any]) -> list[str]:
     notes = []
+    if server["bytes"] is None:
+        notes.append(f"the verifier's server memory per training GPU is {server['basis']}: pass --server-memory GB "
+                     f"(0 if the servers run on other GPUs) to decide whether hybrid/online fit")
     if weight_bytes:
         notes.append(f"the verifier's weights are {weight_bytes / GB:.1f} GB: online/hybrid need them served "
                      f"(vLLM) beside or apart from the training GPUs; offline needs them once, for extraction")
@@ -442,7 +489,8 @@ def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings) -> list
         notes.append(f"samples ({s.tokens_per_sample} tokens) exceed --token-budget {s.token_budget}: each "
                      f"micro-batch holds one sample, so memory is planned at {s.tokens_per_sample} tokens")
     if frozen_bytes == 4:
-        notes.append("the frozen verifier embedding is held in fp32 by the trainer (as counted); bf16 would halve it")
+        notes.append("the frozen verifier embedding and lm_head are held in fp32 (precision fp32, as counted); "
+                     "bf16 precision holds them in bf16")
     if s.precision == "bf16":
         notes.append("bf16 terms follow the code but were not measured here (no GPU); fp32 on CPU was measured "
                      "within 20% (benchmarks/README.md)")
@@ -470,19 +518,41 @@ def _add_times(modes: dict[str, dict[str, Any]], tokens: int, s: PlanSettings) -
                          "train_epoch": epoch, "run_after_regeneration": total}
 
 
+def _smaller_step(s: PlanSettings) -> str:
+    """What lowers the peak at these settings: a sample longer than the token budget is a micro-batch of its own,
+    so only a shorter sample (or less kept per token) helps there."""
+    if s.tokens_per_sample > s.token_budget:
+        fix = (f"shorten the samples (prepare --max-length below {s.tokens_per_sample}; each micro-batch already "
+               f"holds one sample, so --token-budget does not help)")
+    else:
+        fix = "lower --token-budget (or --tokens-per-sample)"
+    extra = [f for f, on in (("train.checkpoint_mlp", s.checkpoint_mlp), ("train.checkpoint_loss", s.checkpoint_loss))
+             if not on]
+    return fix + (f", turn on {' and '.join(extra)}" if extra else "") + ", fewer --ttt steps, or GPUs with more memory"
+
+
 def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings) -> str:
     if mem_ok is False:
-        return ("nothing fits: the training peak per rank exceeds --gpu-memory; lower --token-budget "
-                "(or --tokens-per-sample), or use GPUs with more memory")
+        return f"nothing fits: the training peak per rank exceeds --gpu-memory; {_smaller_step(s)}"
     if mem_ok is None or disk_ok is None:
         return "pass --gpu-memory and --disk to check which mode fits"
     if disk_ok:
-        return ("offline (or hybrid to overlap extraction with the first epoch): the hidden states fit on disk"
-                + ("" if s.epochs > 1 else "; with one epoch, online avoids writing them at all"))
+        hybrid = {True: " (or hybrid to overlap extraction with the first epoch)",
+                  None: " (hybrid overlaps extraction with the first epoch if the server fits: see --server-memory)",
+                  False: ""}[modes["hybrid"]["fits"]]
+        return (f"offline{hybrid}: the hidden states fit on disk"
+                + ("" if s.epochs > 1 or modes["online"]["fits"] is False
+                   else "; with one epoch, online avoids writing them at all"))
     if modes["online"]["fits"] is False:
+        share = modes["online"]["server_memory_per_gpu"]
+        size = (f"{_b(share['bytes'])} per GPU" if share["bytes"] is not None
+                else f"at least {_b(share['at_least_bytes'])} per GPU for its weights")
         return (f"nothing fits: the hidden states do not fit on disk, and streaming them needs the verifier's server "
-                f"({s.server_memory_gb:g} GB per GPU) beside the trainer, beyond --gpu-memory: run the servers on "
-                f"other GPUs, or store fp8 states")
+                f"({size}) beside the trainer, beyond --gpu-memory: run the servers on other GPUs"
+                + ("" if s.dtype == "fp8" else ", or store fp8 states"))
+    if modes["online"]["fits"] is None:
+        return ("online if the verifier's servers run on other GPUs (or fit beside the trainer: pass --server-memory "
+                "to check): the hidden states do not fit on disk")
     return "online: the hidden states do not fit on disk; stream them from the server every epoch"
 
 
@@ -505,12 +575,16 @@ def _n(n: int) -> str:
 def format_plan(p: Plan) -> str:
     s, d, pr, hs, m, b = p.settings, p.draft, p.parameters, p.hidden_states, p.memory, p.batch
     v = p.verifier
+    if d.get("architecture") == "mla":
+        attention = (f"MLA {d['num_attention_heads']} heads (q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']}, "
+                     f"qk {d['qk_nope_head_dim']}+{d['qk_rope_head_dim']}, v {d['v_head_dim']})")
+    else:
+        attention = f"heads {d['num_attention_heads']}/{d['num_key_value_heads']} x {d['head_dim']}"
     lines = [
         f"verifier  {v['config']}: {v['model_type']} {v['architectures']}, hidden {v['hidden_size']}, "
         f"{v['num_hidden_layers']} layers, vocab {v['vocab_size']}",
-        f"draft     {d['num_layers']} layer(s), hidden {d['hidden_size']}, heads {d['num_attention_heads']}/"
-        f"{d['num_key_value_heads']} x {d['head_dim']}, intermediate {d['intermediate_size']}, draft vocab "
-        f"{d['draft_vocab_size']}, aux layers {d['aux_layer_ids']}",
+        f"draft     {d['num_layers']} layer(s), hidden {d['hidden_size']}, {attention}, intermediate "
+        f"{d['intermediate_size']}, draft vocab {d['draft_vocab_size']}, aux layers {d['aux_layer_ids']}",
         f"params    trainable {_n(pr['trainable'])} ({_b(pr['trainable_bytes_bf16'])} bf16); frozen "
         f"{_n(pr['frozen'])} (verifier embedding); the verifier lm_head [{v['vocab_size']}, "
         f"{v['hidden_size']}] is also held for the targets",
@@ -556,7 +630,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="verifier config.json, a directory holding one, an embedded name or a hub id (no weights read)")
     p.add_argument("--samples", type=int, required=True)
     p.add_argument("--tokens-per-sample", type=int, required=True)
-    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--draft-vocab", type=int, help="draft vocabulary rows (default: the finetune source's, else "
+                   f"{DEFAULT_DRAFT_VOCAB}); with --finetune-from, planned as --finetune-vocab rebuild")
     p.add_argument("--ttt", dest="ttt_steps", type=int, default=_TRAIN_DEFAULTS.ttt_steps)
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--gpu-memory", dest="gpu_memory_gb", type=float, help="GB per GPU")
@@ -575,8 +650,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head-dim", dest="head_dim", type=int)
     p.add_argument("--finetune-from", help="a draft to finetune (dir, export or hub id): plan its architecture, "
                                            "vocabulary and aux layers (headers only)")
-    p.add_argument("--server-memory", dest="server_memory_gb", type=float, default=0.0,
-                   help="GB per GPU the verifier's vLLM server holds on the training GPUs (hybrid/online)")
+    p.add_argument("--server-memory", dest="server_memory_gb", type=float,
+                   help="GB per GPU the verifier's vLLM server holds on the training GPUs (hybrid/online); 0: the "
+                        "servers run on other GPUs; not given: unknown (at least its weights)")
     p.add_argument("--generate-tokens-per-s", type=float, help="regeneration throughput (tokens/s, whole run)")
     p.add_argument("--generated-tokens-per-sample", type=int, help="answer tokens per sample (default: --tokens-"
                    "per-sample)")

@@ -104,10 +104,17 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
         grad_accum=cfg.grad_accum, epochs=cfg.epochs, gpus=world_size, precision=precision,
         device="cuda" if precision == "bf16" else "cpu", num_layers=mc.num_layers,
         intermediate_size=mc.intermediate_size, num_attention_heads=mc.num_attention_heads,
-        num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim,
+        num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, architecture=mc.architecture,
+        mla_dims={k: getattr(mc, k) for k in MLA_DIMS}, dtype=_stored_dtype(inputs),
         checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids)))
     return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
             "ttt_activations_bytes": p.memory["ttt_activations"]}
+
+
+def _stored_dtype(inputs) -> str:
+    """The hidden states' storage dtype as the planner names it (served states arrive in bf16)."""
+    dtype = str((inputs.hidden_manifest or {}).get("dtype") or "bfloat16")
+    return "fp8" if dtype.startswith("float8") or dtype == "fp8" else dtype
 
 
 # --- header-only exports --------------------------------------------------------------------------------------------
