@@ -153,6 +153,17 @@ def test_kimi_mla_draft_finetune_dry_run_at_full_size(kimi, tmp_path):
     assert {k: tuple(v["shape"]) for k, v in header.items() if k not in ("d2t", "t2d")} == shapes
     cfg = json.loads((out / "dry-run-exports" / "eagle" / "config.json").read_text())
     assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["model_type"] == "kimi_k2"
+    # `eagle3-train plan` at the same settings plans this MLA draft, not a Llama one: the same peak, and its
+    # weights/optimizer/frozen terms within 10% of the dry run's own count (which adds one target-logits chunk)
+    from eagle3_train.plan import PlanSettings, plan
+
+    train = report["data"]["train"]
+    planned = plan(PlanSettings(verifier=str(verifier), samples=train["samples"], finetune_from=str(source),
+                                tokens_per_sample=train["tokens"] // train["samples"], ttt_steps=7, token_budget=4096))
+    assert planned.draft["architecture"] == "mla" and report["memory"]["plan"]["peak_bytes"] == planned.memory["peak"]
+    static = sum(planned.memory[k] for k in ("weights_fp32_master", "grads", "adamw_states", "frozen_embedding",
+                                             "verifier_lm_head"))
+    assert static == pytest.approx(report["memory"]["per_rank_bytes_without_activations"], rel=0.1)
     assert cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
     # a setting that contradicts the source is refused by name
     with pytest.raises(Eagle3InputError, match="train.architecture=mla but the finetune source"):
