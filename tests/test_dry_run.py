@@ -197,6 +197,55 @@ def test_a_torchspec_export_for_vllm_keeps_its_nested_ids_unshifted(tmp_path, to
         assert any("inputs of layers [3, 31, 59]" in n and "inputs of [4, 32, 60]" in n for n in loaded.notes)
 
 
+
+def test_a_source_whose_aux_convention_cannot_be_told_is_refused_until_the_user_says(kimi, tmp_path, capsys):
+    """A kimi_k2 draft with `layers.0.*` names and ids only in eagle_config, but no `_torchspec_version`: a TorchSpec
+    vLLM export that lost its version key reads one layer earlier than an SGLang-convention draft. Every stage that
+    reads its layers refuses it, naming both readings and the flag; the flag decides; inspect shows both."""
+    from draft_layouts import random_token_ids, vocab_from_ids, write_sparse_safetensors
+    from kimi_layouts import AQ_MEDAI_CONFIG, aq_medai_shapes
+
+    from eagle3_train.checkpoints.formats import AmbiguousAuxIds, draft_layer_ids, load_draft_source
+    from eagle3_train.export.inspect import inspect_checkpoint
+    from eagle3_train.plan import PlanSettings, plan
+
+    _, verifier, paths = kimi
+    d = tmp_path / "no-producer"
+    d.mkdir()
+    config = {**AQ_MEDAI_CONFIG, "model_type": "kimi_k2",
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": SGLANG_IDS, "use_aux_hidden_state": True}}
+    (d / "config.json").write_text(json.dumps(config))
+    d2t, t2d = vocab_from_ids(random_token_ids(VD, seed=13, vocab_size=V), V)
+    write_sparse_safetensors(d / "model.safetensors",
+                             {k.replace("midlayer.", "layers.0."): s for k, s in aq_medai_shapes(False).items()},
+                             {"d2t": d2t, "t2d": t2d})
+    with pytest.raises(AmbiguousAuxIds) as e:
+        load_draft_source(d, shapes_only=True)
+    msg = str(e.value)
+    assert f"inputs of layers {list(LAYERS)}" in msg and f"inputs of layers {SGLANG_IDS}" in msg
+    assert "--source-aux-convention sglang" in msg and "--source-aux-convention vllm" in msg
+    assert draft_layer_ids(d, 61, "sglang")[0] == LAYERS and draft_layer_ids(d, 61, "vllm")[0] == tuple(SGLANG_IDS)
+    # train: refused by default, finetunes once told (the dry run reads the source as train does)
+    with pytest.raises(Eagle3InputError, match="--source-aux-convention"):
+        dry_run(kimi_train_config(paths, tmp_path / "t1", finetune_from=str(d)))
+    dry_run(kimi_train_config(paths, tmp_path / "t2", finetune_from=str(d), source_aux_convention="sglang"))
+    meta = json.loads((tmp_path / "t2" / METADATA_FILE).read_text())
+    assert meta["init"]["aux_layers"]["source"] == list(LAYERS) and meta["init"]["aux_layers"]["match"]
+    assert meta["settings"]["source_aux_convention"] == "sglang"
+    # plan and the CLI flag
+    with pytest.raises(Eagle3InputError, match="cannot be told"):
+        plan(PlanSettings(verifier=str(verifier), samples=10, tokens_per_sample=100, finetune_from=str(d)))
+    told = plan(PlanSettings(verifier=str(verifier), samples=10, tokens_per_sample=100, finetune_from=str(d),
+                             source_aux_convention="vllm"))
+    assert told.draft["aux_layer_ids"] == SGLANG_IDS
+    assert cli_main(["plan", "--verifier", str(verifier), "--samples", "10", "--tokens-per-sample", "100",
+                     "--finetune-from", str(d), "--source-aux-convention", "sglang", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["draft"]["aux_layer_ids"] == list(LAYERS)
+    # inspect shows the draft, in one reading, with both named
+    shown = inspect_checkpoint(d)
+    assert shown["summary"]["aux_layer_ids"] == list(LAYERS) and "--source-aux-convention" in shown["notes"][0]
+
+
 def test_a_dry_run_on_a_hub_verifier_asks_the_hub_for_no_weight_files(tiny_llama_dir, tmp_path, monkeypatch):
     """`run --dry-run --verifier org/model` reads config, tokenizer and headers: it asked snapshot_download for every
     `*.safetensors` (595 GB for Kimi-K2.5). The hub cannot be reached here, so its download function stands in,

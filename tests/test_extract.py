@@ -520,6 +520,10 @@ def test_extract_takes_the_layers_of_the_draft_it_will_finetune(tmp_path, tiny_l
     with pytest.raises(Eagle3InputError, match=r"differ from the layers the finetune source"):
         extract(mixed_prepared, tiny_llama, tmp_path / "hs2", device="cpu", layer_ids="0,1,2",
                 finetune_from=str(source))
+    # the user's word on how the source's ids are meant decides, and is recorded
+    m = extract(mixed_prepared, tiny_llama, tmp_path / "hs3", device="cpu", max_samples=1, splits=("train",),
+                finetune_from=str(source), source_aux_convention="vllm")
+    assert m["layer_ids"] == [0, 1, 2] and m["layer_ids_convention"] == "vllm"
 
 
 @pytest.mark.slow

@@ -78,11 +78,13 @@ def _finetune_source_checks(ctx: RunContext) -> list[str]:
     from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
     from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
 
-    loaded = load_draft_source(source, shapes_only=True)
+    convention = ctx.cfg["train"].get("source_aux_convention") or "auto"
+    loaded = load_draft_source(source, shapes_only=True, aux_convention=convention)
     fill_default_aux_ids(loaded.config, verifier_dims(ctx.verifier.config)[2])
     check_draft_fits_verifier(loaded.config, ctx.verifier.config, f"train.finetune_from {source}", ctx.verifier.name,
                               {**loaded.tensors, **loaded.extra}, loaded.source_name)
-    layers = _extract_layers(ctx, {**ctx.cfg["extract"], "finetune_from": source})
+    layers = _extract_layers(ctx, {**ctx.cfg["extract"], "finetune_from": source,
+                                   "source_aux_convention": convention})
     return [f"  train: finetunes {source} ({loaded.format} format, {loaded.config.architecture} layer); extract taps "
             f"its layers {layers} ({loaded.aux_ids_origin})"]
 
@@ -425,6 +427,8 @@ _EXTRACT_TRANSPORT = ("endpoint", "model", "concurrency", "hidden_states_dir")
 def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     key = {**_section(ctx, "extract", *_EXTRACT_TRANSPORT), "prepared": ctx.keys["prepare"],
            "verifier": ctx.verifier_key, "layers_of": ctx.cfg["train"].get("finetune_from")}
+    if (ctx.cfg["train"].get("source_aux_convention") or "auto") != "auto":  # the user's reading of the source's ids
+        key["layers_convention"] = ctx.cfg["train"]["source_aux_convention"]
     return key | (_with_serving(ctx) if ctx.cfg["extract"].get("backend") == "vllm" else {})
 
 
@@ -436,7 +440,7 @@ def _extract_layers(ctx: RunContext, cfg: dict[str, Any]) -> Any:
     from eagle3_train.checkpoints.formats import draft_layer_ids
 
     layers = text_config(ctx.verifier.config)["num_hidden_layers"]
-    return list(draft_layer_ids(cfg["finetune_from"], int(layers))[0])
+    return list(draft_layer_ids(cfg["finetune_from"], int(layers), cfg.get("source_aux_convention") or "auto")[0])
 
 
 def _extract_run(ctx: RunContext, _v: str | None) -> Any:
@@ -447,6 +451,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     # A finetune trains on its source's layers: extract those (as `extract --finetune-from` does), not the default
     # ones the train stage would refuse after the whole extraction.
     cfg["finetune_from"] = ctx.cfg["train"].get("finetune_from")
+    cfg["source_aux_convention"] = ctx.cfg["train"].get("source_aux_convention") or "auto"
     out = ctx.run_dir / "hidden_states"
     kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
     ext = ctx.cfg["extract"]
@@ -456,7 +461,9 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
             args = ["--prepared", str(ctx.run_dir / "prepared"), "--verifier", ctx.verifier.name, "--out", str(out),
                     *(["--overwrite"] if restart else []), *(["--trust-remote-code"] if ctx.trust_remote_code else []),
                     *(["--finetune-from", cfg["finetune_from"]] if cfg["finetune_from"] else []),
-                    *(a for k, v in cfg.items() if v is not None and k != "finetune_from"
+                    "--source-aux-convention", cfg["source_aux_convention"],
+                    *(a for k, v in cfg.items()
+                      if v is not None and k not in ("finetune_from", "source_aux_convention")
                       for a in ("--set", f"extract.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"))]
             under_torchrun("extract", args, processes)
             return _extract_summary(read_json(out / "manifest.json", "hidden-states manifest"))

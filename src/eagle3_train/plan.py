@@ -79,6 +79,7 @@ class PlanSettings:
     extract_tokens_per_s: float | None = None  # also the server's rate in hybrid/online training
     train_tokens_per_s: float | None = None
     finetune_from: str | None = None  # a draft to finetune: its architecture, vocabulary size and layers are planned
+    source_aux_convention: str = "auto"  # how its eagle_config aux ids are meant (train's setting of the same name)
 
 
 @dataclass
@@ -337,7 +338,7 @@ def _from_source(s: PlanSettings, num_layers: int) -> PlanSettings:
     own vocabulary size comes back for the notes."""
     from eagle3_train.checkpoints.formats import draft_architecture
 
-    c, _ = draft_architecture(s.finetune_from, num_layers)
+    c, _ = draft_architecture(s.finetune_from, num_layers, s.source_aux_convention)
     return dataclasses.replace(s, architecture=c.architecture, mla_dims={k: getattr(c, k) for k in MLA_DIMS},
                                num_layers=c.num_layers, intermediate_size=c.intermediate_size,
                                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
@@ -650,6 +651,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-head-dim", dest="head_dim", type=int)
     p.add_argument("--finetune-from", help="a draft to finetune (dir, export or hub id): plan its architecture, "
                                            "vocabulary and aux layers (headers only)")
+    p.add_argument("--source-aux-convention", choices=("auto", "sglang", "vllm"), default="auto",
+                   help="how the finetune source's eagle_config aux ids are meant (see `train --help`)")
     p.add_argument("--server-memory", dest="server_memory_gb", type=float,
                    help="GB per GPU the verifier's vLLM server holds on the training GPUs (hybrid/online); 0: the "
                         "servers run on other GPUs; not given: unknown (at least its weights)")

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from eagle3_train.assets.thinking import ThinkingStyleName
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
-from eagle3_train.train.config import HS_DIR_HELP, TrainConfig
+from eagle3_train.train.config import AUX_CONVENTION_HELP, HS_DIR_HELP, AuxConvention, TrainConfig
 from eagle3_train.utils.outputs import STAGES as OUTPUT_STAGES
 from eagle3_train.utils.settings import markdown_table, setting
 
@@ -179,6 +179,7 @@ class ExtractSettings:
         None, "three aux layers as 'low,mid,high' (input of layer i = HF hidden_states[i]); default 2,L//2,L-3")
     finetune_from: str | None = setting(None, "the draft you will finetune (dir, export or hub id): extract the layers "
                                               "it was trained on (read in its producer's convention)", yaml=False)
+    source_aux_convention: AuxConvention = setting("auto", AUX_CONVENTION_HELP, yaml=False)
     dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
                                             "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
                                 flag="--store-dtype", aliases=("--dtype",))

@@ -38,13 +38,31 @@ AUX_OURS, AUX_TOP, AUX_NESTED, AUX_DEFAULT = "ours", "top-level", "nested", "def
 AUX_NESTED_VLLM = "nested (vLLM convention: TorchSpec's vLLM export)"
 
 
-def nested_convention(config: dict[str, Any], raw_names: Any) -> str:
+# How a finetune source's eagle_config ids are meant: "auto" decides by producer (`nested_convention`), the others
+# are the user's word for a source whose producer cannot be told (`--source-aux-convention`).
+AUX_CONVENTIONS = ("auto", "sglang", "vllm")
+AMBIGUOUS = "ambiguous"
+
+
+class AmbiguousAuxIds(Eagle3InputError):
+    """A source whose aux ids mean different layers in the two conventions, and whose producer cannot be told."""
+
+
+def nested_convention(config: dict[str, Any], raw_names: Any, choice: str = "auto") -> str:
     """How a source's eagle_config ids are meant, by producer: "vllm" for a TorchSpec export made for vLLM of a
     kimi_k2 draft (`_torchspec_version` in its config, `layers.0.` tensor names, `model_type: kimi_k2`: the only case
-    its exporter shifts the ids), else "sglang" (output of layer i; a Llama-layer TorchSpec export keeps those)."""
+    its exporter shifts the ids); "sglang" (output of layer i) for SpecForge/SGLang's `midlayer.` drafts and any
+    other TorchSpec export; "ambiguous" for a kimi_k2 draft with `layers.0.` names and no `_torchspec_version` (a
+    TorchSpec vLLM export with its version key lost reads one layer earlier than an SGLang-convention draft).
+    `choice` other than "auto" is the user's decision and wins."""
+    if choice not in AUX_CONVENTIONS:
+        raise Eagle3InputError(f"source_aux_convention must be one of {', '.join(AUX_CONVENTIONS)}, got {choice!r}")
+    if choice != "auto":
+        return choice
     vllm_names = not any(str(k).startswith("midlayer.") for k in raw_names)
-    shifted = "_torchspec_version" in config and vllm_names and config.get("model_type") == "kimi_k2"
-    return "vllm" if shifted else "sglang"
+    if "_torchspec_version" in config:
+        return "vllm" if vllm_names and config.get("model_type") == "kimi_k2" else "sglang"
+    return AMBIGUOUS if vllm_names and config.get("model_type") == "kimi_k2" else "sglang"
 _SMALL = ("d2t", "t2d")  # read for real even when only shapes are asked for
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -170,6 +188,14 @@ def read_aux_ids(cfg: dict[str, Any], fmt: str, where: str = "draft config",
     top = _aux_list(cfg.get("eagle_aux_hidden_state_layer_ids") or None, "eagle_aux_hidden_state_layer_ids", where)
     nested_ids = _aux_list((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None,
                            "eagle_config.eagle_aux_hidden_state_layer_ids", where)
+    if nested == AMBIGUOUS and nested_ids and not top:
+        raise AmbiguousAuxIds(
+            f"{where}: its aux layer ids {nested_ids} are only in eagle_config, and its producer cannot be told "
+            f"(model_type kimi_k2, `layers.0.*` tensor names, no `_torchspec_version`): read as SGLang's "
+            f"output-of-layer ids (SpecForge, SGLang) the draft was trained on inputs of layers "
+            f"{[i + 1 for i in nested_ids]}; read as vLLM's input-of-layer ids (TorchSpec's vLLM export) on inputs "
+            f"of layers {nested_ids}. Say which with --source-aux-convention sglang or --source-aux-convention "
+            f"vllm (train, extract and plan; train.source_aux_convention in a run config)")
     shift = 0 if nested == "vllm" else 1
     if top and nested_ids and [i + shift for i in nested_ids] != top:
         raise Eagle3InputError(
@@ -324,11 +350,12 @@ def load_tensor_data(loaded: LoadedDraft) -> LoadedDraft:
     return dataclasses.replace(loaded, tensors=tensors, extra=extra, weight_files=hashes)
 
 
-def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDraft:
+def load_draft_source(source: str | Path, shapes_only: bool = False, aux_convention: str = "auto") -> LoadedDraft:
     """Read a draft directory or weight file in any supported layout (no model is built here).
 
     `shapes_only` reads tensor shapes and dtypes without their data (meta tensors), except the small d2t/t2d, and
-    does not hash the files; `load_tensor_data` completes such a draft.
+    does not hash the files; `load_tensor_data` completes such a draft. `aux_convention`: how its eagle_config aux
+    ids are meant (`AUX_CONVENTIONS`; "auto": by producer, an undecidable source refused).
     """
     notes: list[str] = []
     path = resolve_source_path(source, notes)
@@ -347,7 +374,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
         if absent:
             raise Eagle3InputError(f"{index} lists tensors that no shard holds (incomplete download?): {absent[:5]}")
     tensors, extra, unknown, renamed = _rename_all(raw, path)
-    nested = nested_convention(source_config, raw)  # how its eagle_config ids are meant, by producer
+    nested = nested_convention(source_config, raw, aux_convention)  # how its eagle_config ids are meant
     config_file = directory / "draft_config.json" if ours else cfg_path
     if fmt == OURS:
         try:
@@ -359,6 +386,8 @@ def load_draft_source(source: str | Path, shapes_only: bool = False) -> LoadedDr
             config = config_from_external(source_config, fmt, tensors, notes, str(cfg_path), nested)
         except KeyError as e:
             raise Eagle3InputError(f"{cfg_path}: missing field {e} needed to build the draft") from None
+        except AmbiguousAuxIds:
+            raise  # already names the file
         except Eagle3InputError as e:
             raise Eagle3InputError(f"{cfg_path}: {e}") from None
         config = _reconcile_with_tensors(config, tensors, notes)
@@ -399,17 +428,19 @@ def fill_default_aux_ids(config: DraftConfig, verifier_num_layers: int) -> Draft
     return config
 
 
-def draft_architecture(source: str | Path, verifier_num_layers: int) -> tuple[DraftConfig, str]:
+def draft_architecture(source: str | Path, verifier_num_layers: int, aux_convention: str = "auto"
+                       ) -> tuple[DraftConfig, str]:
     """A published or earlier draft's architecture (its aux layers as vLLM's input-of-layer ids, read in its
     producer's convention by `read_aux_ids`) and where its aux ids came from; headers only, no weights."""
-    loaded = load_draft_source(source, shapes_only=True)
+    loaded = load_draft_source(source, shapes_only=True, aux_convention=aux_convention)
     fill_default_aux_ids(loaded.config, verifier_num_layers)
     return loaded.config, loaded.aux_ids_origin
 
 
-def draft_layer_ids(source: str | Path, verifier_num_layers: int) -> tuple[tuple[int, ...], str]:
+def draft_layer_ids(source: str | Path, verifier_num_layers: int, aux_convention: str = "auto"
+                    ) -> tuple[tuple[int, ...], str]:
     """The verifier layers a draft was trained on, and where they came from (see `draft_architecture`)."""
-    config, origin = draft_architecture(source, verifier_num_layers)
+    config, origin = draft_architecture(source, verifier_num_layers, aux_convention)
     return tuple(config.aux_layer_ids), origin
 
 

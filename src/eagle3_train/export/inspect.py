@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from eagle3_train.checkpoints.formats import load_draft_source, source_summary
+from eagle3_train.checkpoints.formats import AmbiguousAuxIds, load_draft_source, source_summary
 from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.utils.io import sha256_file
 
@@ -64,7 +64,11 @@ def _layer_model_type(config: dict[str, Any]) -> str | None:
 
 def inspect_checkpoint(path: str | Path, hash_files: bool = False) -> dict[str, Any]:
     """Summary, tensor shapes and lineage of a draft; `hash_files` adds each weight file's SHA-256 (reads it all)."""
-    loaded = load_draft_source(path, shapes_only=True)
+    try:
+        loaded = load_draft_source(path, shapes_only=True)
+    except AmbiguousAuxIds as e:  # inspect shows the draft anyway, with both readings named
+        loaded = load_draft_source(path, shapes_only=True, aux_convention="sglang")
+        loaded.notes.insert(0, f"aux layer ids shown in SGLang's reading; {e}")
     files = {f.name: {"bytes": f.stat().st_size, **({"sha256": sha256_file(f)} if hash_files else {})}
              for f in loaded.files}
     ours_to_source = {v: k for k, v in loaded.renamed.items()}

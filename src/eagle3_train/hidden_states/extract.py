@@ -70,7 +70,8 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
             compute_dtype: str | None = _D.compute_dtype, overwrite: bool = _D.overwrite,
             disk_margin: int | None = None, backend: str = _D.backend, endpoints: Sequence[str] = (),
             vllm_options: dict[str, Any] | None = None, trust_remote_code: bool = _D.trust_remote_code,
-            hash_weights: bool = _D.hash_weights, finetune_from: str | None = _D.finetune_from) -> dict:
+            hash_weights: bool = _D.hash_weights, finetune_from: str | None = _D.finetune_from,
+            source_aux_convention: str = _D.source_aux_convention) -> dict:
     """Store the verifier's aux (3 tapped layer inputs, concatenated) and final hidden states per token.
 
     `shard_tokens` defaults to about 256 MiB per shard; `disk_margin` (bytes, default $EAGLE3_TRAIN_DISK_MARGIN_BYTES
@@ -85,14 +86,14 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
     try:
         return _extract(group, prepared_dir, verifier, out_dir, layer_ids, dtype, device, token_budget, shard_tokens,
                         splits, max_samples, compute_dtype, overwrite, disk_margin, backend, endpoints, vllm_options,
-                        trust_remote_code, hash_weights, finetune_from)
+                        trust_remote_code, hash_weights, finetune_from, source_aux_convention)
     finally:
         group.close()
 
 
 def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_ids, dtype, device, token_budget,
              shard_tokens, splits, max_samples, compute_dtype, overwrite, disk_margin, backend, endpoints,
-             vllm_options, trust_remote_code, hash_weights, finetune_from) -> dict:
+             vllm_options, trust_remote_code, hash_weights, finetune_from, source_aux_convention) -> dict:
     _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options, group.world)
     # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
     out_dir = group.on_main(lambda: claim_output_dir(out_dir, "extract", resume.WHAT, resume.written_by_extract,
@@ -101,7 +102,8 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     ds = load_prepared(prepared_dir, splits, REQUIRED_COLUMNS)[0]
     verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name, family_of(verifier.config).first_aux_layer)
+    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name, family_of(verifier.config).first_aux_layer,
+                     source_aux_convention)
     if backend == "vllm":  # the server decides where and in which dtype the verifier runs
         device, compute_dtype = "vllm", None
     else:
@@ -123,6 +125,7 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
         "verifier": verifier.identity(hash_weights),
         "backend": backend,
         "layer_ids": list(ids), "layer_ids_from": finetune_from, "dtype": dtype, "compute_dtype": compute_dtype,
+        **({"layer_ids_convention": source_aux_convention} if finetune_from else {}),
         "hidden_size": hidden, "num_layers": num_layers,
         "prepared_manifest_sha256": sha256_file(prepared_dir / "manifest.json"),
         "max_samples": max_samples, "shard_tokens": int(shard_tokens),
@@ -266,14 +269,14 @@ def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text
     return store.plan_shards(lengths, shard_tokens)
 
 
-def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str, first: int
-               ) -> tuple[int, ...]:
+def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str, first: int,
+               convention: str = "auto") -> tuple[int, ...]:
     """The taps: given, else the finetune source's (so the finetune is not refused after hours of extraction)."""
     given = parse_layer_ids(layer_ids)
     if finetune_from:
         from eagle3_train.checkpoints.formats import draft_layer_ids
 
-        source, origin = draft_layer_ids(finetune_from, num_layers)
+        source, origin = draft_layer_ids(finetune_from, num_layers, convention)
         if given is not None and tuple(given) != source:
             raise Eagle3InputError(f"--layer-ids {list(given)} differ from the layers the finetune source "
                                    f"{finetune_from} was trained on, {list(source)} (vLLM's input-of-layer ids, read "
@@ -376,7 +379,8 @@ def main(args: argparse.Namespace) -> int:
     manifest = extract(s.prepared, s.verifier, s.out, layer_ids=s.layer_ids, dtype=s.dtype, device=s.device,
                        token_budget=s.token_budget, shard_tokens=s.shard_tokens, splits=s.splits,
                        max_samples=s.max_samples, compute_dtype=s.compute_dtype, overwrite=s.overwrite,
-                       finetune_from=s.finetune_from, backend=s.backend, endpoints=s.endpoint,
+                       finetune_from=s.finetune_from, source_aux_convention=s.source_aux_convention,
+                       backend=s.backend, endpoints=s.endpoint,
                        hash_weights=s.hash_weights, trust_remote_code=s.trust_remote_code,
                        vllm_options={"model": s.model, "concurrency": s.concurrency,
                                      "hidden_states_dir": s.hidden_states_dir})

@@ -534,7 +534,7 @@ def check_draft_serves_beside(draft: str | os.PathLike, verifier_dir: Path) -> N
     from eagle3_train.utils.io import read_json
 
     verifier = read_json(verifier_dir / "config.json", "verifier config")
-    loaded = load_draft_source(draft, shapes_only=True)
+    loaded = load_draft_source(draft, shapes_only=True, aux_convention="vllm")  # as the engine will read them
     fill_default_aux_ids(loaded.config, verifier_dims(verifier)[2])  # none recorded: vLLM's default layers
     check_draft_fits_verifier(loaded.config, verifier, f"the draft {draft}", str(verifier_dir),
                               {**loaded.tensors, **loaded.extra}, loaded.source_name)

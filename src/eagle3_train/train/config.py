@@ -31,6 +31,10 @@ RETIRED: dict[str, Any] = {
     "layer_init_index": -1, "layer_init_embed": "random", "target_temperature": 1.0, "freeze_lm_head": False,
     "feature_loss": 0.0, "equalise_features": False}
 _LAYER_INIT_ONLY = ("layer_init_index", "layer_init_embed")  # read only under layer_init verifier
+AuxConvention = Literal["auto", "sglang", "vllm"]
+AUX_CONVENTION_HELP = ("how the finetune source's aux layer ids in eagle_config are meant: auto (by producer: "
+                       "SpecForge/SGLang drafts and TorchSpec exports are told apart, and a source that cannot be "
+                       "told is refused, naming both readings), sglang (output of layer i) or vllm (input of layer i)")
 
 
 @dataclass
@@ -114,6 +118,7 @@ class TrainConfig:
         "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
     # finetuning
     finetune_from: str | None = setting(None, "start from a published or earlier draft (dir, export or hub id)")
+    source_aux_convention: AuxConvention = setting("auto", AUX_CONVENTION_HELP)
     finetune_vocab: Literal["keep", "rebuild"] = setting(
         "keep", "finetuning: keep the source draft's vocabulary, or use this run's --vocab")
     allow_missing: bool = setting(False, "finetune even when the source lacks trainable tensors (they start "

@@ -178,7 +178,8 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
     `read_data=False` (dry run): big tensors stay meta (shapes and dtypes from the headers), files are not hashed."""
     if cfg.finetune_vocab not in VOCAB_POLICIES:
         raise Eagle3InputError(f"train.finetune_vocab must be one of {VOCAB_POLICIES}, got '{cfg.finetune_vocab}'")
-    loaded = load_draft_source(cfg.finetune_from, shapes_only=True)  # a wrong verifier stops before reading GBs
+    # a wrong verifier stops before reading GBs
+    loaded = load_draft_source(cfg.finetune_from, shapes_only=True, aux_convention=cfg.source_aux_convention)
     summary = source_summary(loaded)
     H, V, L = verifier_dims(inputs.verifier.config)
     fill_default_aux_ids(loaded.config, L)
