@@ -267,3 +267,24 @@ def test_a_dry_run_on_a_hub_verifier_asks_the_hub_for_no_weight_files(tiny_llama
     config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: org/tiny\nprepare:\n  data: sharegpt\n")
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
     assert asked and not any(p.endswith((".safetensors", ".bin", "*")) for a in asked for p in a), asked
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_a_whole_vocabulary_dry_run_export_holds_no_map_like_the_real_one(tmp_path, fmt):
+    """A draft over the whole vocabulary is exported without d2t/t2d (vLLM fails to load a map for it): the dry run's
+    header-only export is written and checked the same way, not with a d2t the real export never writes."""
+    import torch
+
+    from eagle3_train.model.config import DraftConfig
+    from eagle3_train.model.draft import Eagle3Draft
+    from eagle3_train.train.dry_run import check_export_as_engines_read_it, export_header_only
+
+    cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      intermediate_size=128, vocab_size=512, draft_vocab_size=512, aux_layer_ids=(1, 2, 3))
+    with torch.device("meta"):
+        model = Eagle3Draft(cfg)
+    d2t, t2d = torch.zeros(512, dtype=torch.long), torch.ones(512, dtype=torch.bool)
+    out = export_header_only(model, d2t, t2d, fmt, tmp_path / fmt, "verifier")
+    header = read_safetensors_header(out / "model.safetensors")
+    assert "d2t" not in header and "t2d" not in header and "lm_head.weight" in header
+    assert check_export_as_engines_read_it(out, fmt, model, (1, 2, 3), 6)

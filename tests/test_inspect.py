@@ -55,6 +55,35 @@ def test_original_eagle_bin_lists_its_own_names(head, vocab_a, tmp_path):
     assert "midlayer.mlp.down_proj.weight" in info["tensors"] and "t2d" not in info["tensors"]
     assert info["summary"]["aux_ids_origin"] == "default" and info["summary"]["aux_layer_ids"] is None
     assert any("t2d rebuilt" in n for n in info["notes"])
+    # what the file stores, not what the reader rebuilt
+    assert info["summary"]["stores_d2t"] and not info["summary"]["stores_t2d"]
+    assert "stored: d2t yes, t2d no" in format_report(info)
+
+
+def test_an_mla_draft_is_described_as_mla(tmp_path):
+    """An MLA source is summarised with its ranks and head dims, not Llama heads x hidden/heads (issue 33)."""
+    from kimi_layouts import KIMI_MLA_DRAFT_CONFIG, write_kimi_mla_draft
+
+    info = inspect_checkpoint(write_kimi_mla_draft(tmp_path / "mla"))
+    s = info["summary"]
+    assert s["architecture"] == "mla" and "head_dim" not in s and "num_key_value_heads" not in s
+    for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        assert s[k] == KIMI_MLA_DRAFT_CONFIG[k]
+    assert s["stores_d2t"] and s["stores_t2d"]
+    text = format_report(info)
+    assert "MLA 64 heads (q_lora 1536, kv_lora 512, qk 128+64, v 128)" in text and "x 112" not in text
+
+
+def test_a_whole_vocabulary_draft_stores_no_map(tmp_path):
+    """A draft over the whole vocabulary (as our export writes it for vLLM) holds no d2t/t2d: the reader makes the
+    identity map, and the summary says they are not stored."""
+    d = write_big_eagle_draft(tmp_path / "whole", hidden=64, heads=4, inter=128, vocab=512, draft_vocab=512)
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v for k, v in load_file(str(d / "model.safetensors")).items() if k not in ("d2t", "t2d")}
+    save_file(tensors, str(d / "model.safetensors"))
+    s = inspect_checkpoint(d)["summary"]
+    assert s["draft_vocab_size"] == 512 and not s["stores_d2t"] and not s["stores_t2d"]
 
 
 def test_huge_draft_is_inspected_from_headers(tmp_path):
@@ -64,7 +93,7 @@ def test_huge_draft_is_inspected_from_headers(tmp_path):
     assert (s["hidden_size"], s["vocab_size"], s["draft_vocab_size"]) == (7168, 163840, 32000)
     assert info["tensors"]["fc.weight"] == {"shape": [7168, 3 * 7168], "dtype": "bfloat16"}
     expected = sum(math.prod(t["shape"]) for k, t in info["tensors"].items() if k not in ("d2t", "t2d"))
-    assert s["parameters"] == expected > 1_000_000_000 and s["has_embed_tokens"]
+    assert s["parameters"] == expected > 1_000_000_000 and s["has_embed_tokens"] and s["architecture"] == "llama"
     assert "sha256" not in info["weight_files"]["model.safetensors"]
 
 

@@ -85,6 +85,7 @@ class LoadedDraft:
     metadata: dict[str, Any] | None = None  # the source's own training_metadata.json, if any
     aux_ids_origin: str = AUX_DEFAULT
     files: list[Path] = field(default_factory=list)  # the weight files read
+    derived: list[str] = field(default_factory=list)  # tensors (our names) made here, not stored in the files
 
     def source_name(self, our_key: str) -> str:
         """The key as the source file spells it (for messages)."""
@@ -391,6 +392,7 @@ def load_draft_source(source: str | Path, shapes_only: bool = False, aux_convent
         except Eagle3InputError as e:
             raise Eagle3InputError(f"{cfg_path}: {e}") from None
         config = _reconcile_with_tensors(config, tensors, notes)
+    derived: list[str] = []
     if "d2t" in tensors and "t2d" not in tensors:
         d2t = tensors["d2t"].long()
         targets = torch.arange(d2t.shape[0]) + d2t
@@ -399,16 +401,18 @@ def load_draft_source(source: str | Path, shapes_only: bool = False, aux_convent
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[targets] = True
         tensors["t2d"] = t2d
+        derived.append("t2d")
         notes.append("t2d rebuilt from d2t (t2d[i + d2t[i]] = True)")
     if "d2t" not in tensors and "t2d" not in tensors and config.draft_vocab_size == config.vocab_size:
         # the whole vocabulary, rows in token order (as vLLM reads such a draft): the identity map
         tensors["d2t"] = torch.zeros(config.vocab_size, dtype=torch.long)
         tensors["t2d"] = torch.ones(config.vocab_size, dtype=torch.bool)
+        derived += ["d2t", "t2d"]
         notes.append("no d2t/t2d: the draft vocabulary is the whole vocabulary, in token order")
     metadata = read_metadata(directory)
     hashes = {} if shapes_only else {f.name: sha256_file(f) for f in files}
     return LoadedDraft(path, fmt, config, tensors, hashes, source_config, renamed, extra, unknown, notes, metadata,
-                       aux_ids_origin(source_config, fmt, nested), files)
+                       aux_ids_origin(source_config, fmt, nested), files, derived)
 
 
 def _download(repo_id: str) -> Path:
@@ -444,6 +448,15 @@ def draft_layer_ids(source: str | Path, verifier_num_layers: int, aux_convention
     return tuple(config.aux_layer_ids), origin
 
 
+def _attention_summary(c: DraftConfig) -> dict[str, Any]:
+    """The attention fields that describe this layer kind: MLA's ranks and head dims, or Llama's heads x head_dim
+    (an MLA draft's `head_dim` is not a width any of its projections has)."""
+    if c.architecture == "mla":
+        return {"num_attention_heads": c.num_attention_heads, **{k: getattr(c, k) for k in MLA_DIMS}}
+    return {"num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim}
+
+
 def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
     """What a draft is, in a few JSON fields (training metadata and `eagle3-train inspect`)."""
     c, sc = loaded.config, loaded.source_config
@@ -454,9 +467,9 @@ def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
         "format": loaded.format,
         "architectures": sc.get("architectures"),
         "speculators_version": sc.get("speculators_version"),
+        "architecture": c.architecture,
         "hidden_size": c.hidden_size, "target_hidden_size": c.target_hidden_size, "num_layers": c.num_layers,
-        "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size, **_attention_summary(c),
         "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
         "aux_layer_ids": ids, "aux_ids_origin": loaded.aux_ids_origin, "verifier_num_layers": c.verifier_num_layers,
         "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
@@ -465,6 +478,9 @@ def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
         "max_position_embeddings": c.max_position_embeddings,
         "dtypes": dict(Counter(str(t.dtype).replace("torch.", "") for t in float_like)),
         "parameters": sum(t.numel() for t in float_like),
-        "has_d2t": "d2t" in loaded.tensors, "has_embed_tokens": "embed_tokens.weight" in loaded.extra,
+        # what the files hold (d2t/t2d made here from the other, or for a whole-vocabulary draft, are not)
+        "stores_d2t": "d2t" in loaded.tensors and "d2t" not in loaded.derived,
+        "stores_t2d": "t2d" in loaded.tensors and "t2d" not in loaded.derived,
+        "has_embed_tokens": "embed_tokens.weight" in loaded.extra,
         "verifier": c.verifier,
     }

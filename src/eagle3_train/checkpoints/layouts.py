@@ -102,6 +102,15 @@ def export_key(our_key: str, fmt: str) -> str:
     return our_key
 
 
+def stored_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """What an export's weight file holds: every expected tensor, less d2t/t2d for a whole-vocabulary draft (vLLM
+    keeps no map for one and fails to load it: `export/exporter.full_vocabulary_layout`)."""
+    shapes = expected_shapes(cfg)
+    if cfg.draft_vocab_size == cfg.vocab_size:
+        del shapes["d2t"], shapes["t2d"]
+    return shapes
+
+
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor (our names) an exported draft must carry, with its shape."""
     H, Ht, inter = cfg.hidden_size, cfg.aux_hidden_size, cfg.intermediate_size

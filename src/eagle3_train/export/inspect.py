@@ -119,16 +119,21 @@ def format_report(info: dict[str, Any]) -> str:
     if s.get("architectures"):
         lines.append(f"  architectures: {', '.join(s['architectures'])}"
                      + (f" (speculators {s['speculators_version']})" if s.get("speculators_version") else ""))
+    if s.get("architecture") == "mla":
+        attention = (f"MLA {s['num_attention_heads']} heads (q_lora {s['q_lora_rank']}, kv_lora {s['kv_lora_rank']}, "
+                     f"qk {s['qk_nope_head_dim']}+{s['qk_rope_head_dim']}, v {s['v_head_dim']})")
+    else:
+        attention = f"{s['num_attention_heads']} heads / {s['num_key_value_heads']} kv heads x {s['head_dim']}"
     lines.append(f"  shape: hidden {s['hidden_size']}, {s['num_layers']} layer(s), intermediate "
-                 f"{s['intermediate_size']}, {s['num_attention_heads']} heads / {s['num_key_value_heads']} kv heads "
-                 f"x {s['head_dim']}, rope_theta {s['rope_theta']}" + (f", rope_scaling {s['rope_scaling']}"
-                                                                       if s.get("rope_scaling") else ""))
+                 f"{s['intermediate_size']}, {attention}, rope_theta {s['rope_theta']}"
+                 + (f", rope_scaling {s['rope_scaling']}" if s.get("rope_scaling") else ""))
     lines.append("  flags: " + ", ".join(f"{k}={s[k]}" for k in ("norm_before_residual", "norm_before_fc",
                                                                    "fc_norm", "norm_output")))
     v = info["vocab"]
     lines.append(f"  vocab: {v['vocab_size']} verifier tokens, draft vocab {v['draft_vocab_size']}"
                  + (f" (token ids {v['token_id_range'][0]}..{v['token_id_range'][1]})" if "token_id_range" in v
-                    else " (no d2t)") + f", embed_tokens stored: {'yes' if s['has_embed_tokens'] else 'no'}")
+                    else " (no d2t)") + f", stored: d2t {'yes' if s['stores_d2t'] else 'no'}, t2d "
+                 f"{'yes' if s['stores_t2d'] else 'no'}, embed_tokens {'yes' if s['has_embed_tokens'] else 'no'}")
     ids = s["aux_layer_ids"]
     lines.append(f"  aux layers: {ids if ids else 'engine default (2, L//2, L-3)'} ({s['aux_ids_origin']})")
     if s.get("verifier"):

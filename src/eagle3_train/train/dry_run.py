@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
-from eagle3_train.checkpoints.layouts import eagle_config_json, expected_shapes, export_key, speculators_config_json
+from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
 from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
@@ -156,10 +156,12 @@ def export_header_only(model, d2t: torch.Tensor, t2d: torch.Tensor, fmt: str, ou
                        dtype: str = "bfloat16", speculative_tokens: int = 3) -> Path:
     cfg = model.config
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    stored = stored_shapes(cfg)  # a whole-vocabulary draft's export holds no d2t/t2d, as the real export
     specs = {export_key(k, fmt): (tuple(v.shape), torch_dtype if v.is_floating_point() else v.dtype)
-             for k, v in model.trainable_state_dict().items()}
+             for k, v in model.trainable_state_dict().items() if k in stored}
     out.mkdir(parents=True, exist_ok=True)
-    write_header_only_safetensors(out / "model.safetensors", specs, {"d2t": d2t, "t2d": t2d})
+    write_header_only_safetensors(out / "model.safetensors", specs,
+                                  {k: t for k, t in (("d2t", d2t), ("t2d", t2d)) if k in stored})
     config = eagle_config_json(cfg, dtype) if fmt == "eagle" else speculators_config_json(
         cfg, dtype, speculative_tokens, verifier)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -177,7 +179,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
     missing_keys = [k for k in _ENGINE_KEYS[fmt] if k not in config]
     if missing_keys:
         raise Eagle3InputError(f"{where}: config.json lacks {missing_keys}")
-    want = {export_key(k, fmt): s for k, s in expected_shapes(cfg).items()}
+    want = {export_key(k, fmt): s for k, s in stored_shapes(cfg).items()}
     if set(header) != set(want):
         raise Eagle3InputError(f"{where}: tensors missing {sorted(set(want) - set(header))}, unexpected "
                                f"{sorted(set(header) - set(want))} (vLLM rejects unknown tensors)")
@@ -186,7 +188,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
         raise Eagle3InputError(f"{where}: tensor shapes differ from the config: {bad[:5]}")
     if any(k.startswith("model.") for k in header):
         raise Eagle3InputError(f"{where}: tensor names must not start with 'model.'")
-    if header["d2t"]["dtype"] != "I64" or header["t2d"]["dtype"] != "BOOL":
+    if "d2t" in header and (header["d2t"]["dtype"] != "I64" or header["t2d"]["dtype"] != "BOOL"):
         raise Eagle3InputError(f"{where}: d2t must be I64 and t2d BOOL, got {header['d2t']['dtype']}, "
                                f"{header['t2d']['dtype']}")
     layer = config if fmt == "eagle" else config["transformer_layer_config"]
