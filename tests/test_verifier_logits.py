@@ -151,3 +151,19 @@ def test_the_final_norm_is_applied_as_the_model_computes_it(family, tmp_path):
     with torch.no_grad():
         expected = model.model.norm(x)
     torch.testing.assert_close(rms_norm(x, weight, eps), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unlisted_model_types_final_norm_is_not_guessed(tmp_path):
+    """A model type no family lists (here a Llama checkpoint relabelled): its final norm could be w*x/rms, (1+w)*x/rms
+    or a LayerNorm, so the vLLM backend refuses to apply one, naming the HF backend and the family table."""
+    import json
+
+    import transformers as tf
+
+    from eagle3_train.model.verifier_head import load_final_norm
+
+    verifier = save_tiny(tmp_path / "unlisted", tf.LlamaConfig)
+    config = json.loads((verifier / "config.json").read_text())
+    (verifier / "config.json").write_text(json.dumps({**config, "model_type": "brand_new_lm"}))
+    with pytest.raises(Eagle3InputError, match=r"'brand_new_lm' is not a listed family.*--backend hf"):
+        load_final_norm(verifier)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from eagle3_train.assets.families import family_of, text_config
+from eagle3_train.assets.families import GENERIC, family_of, text_config
 from eagle3_train.utils.io import Eagle3InputError, read_weight_map
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,12 @@ def load_final_norm(verifier_dir: str | Path) -> tuple[torch.Tensor, float]:
     verifier_dir = Path(verifier_dir)
     config = json.loads((verifier_dir / "config.json").read_text())
     text, family = text_config(config), family_of(config)
+    if family is GENERIC:  # guessing w*x/rms would corrupt every final state of a (1+w) or LayerNorm model silently
+        raise Eagle3InputError(
+            f"verifier {verifier_dir}: model_type {text.get('model_type')!r} is not a listed family "
+            f"(docs/VERIFIER_FAMILIES.md), so the form of its final norm is unknown and the vLLM hidden-state backend "
+            f"cannot apply it to the last layer the server gives: extract with --backend hf (the model's own forward "
+            f"applies it), or add the model type to its family in assets/families.py")
     if family.final_norm == "layernorm":
         raise Eagle3InputError(f"verifier {verifier_dir}: model_type {text.get('model_type')!r} ends in a LayerNorm "
                                f"(mean and variance, with a bias), not an RMSNorm; the vLLM hidden-state backend "
