@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--baseline", action="store_true", help="also serve the verifier alone: greedy equality, speed-up")
     p.add_argument("--out", default="benchmarks/out/vllm-acceptance.json")
+    p.add_argument("--trust-remote-code", action="store_true", help="a verifier with its own tokenizer code (Kimi)")
     args = p.parse_args()
     verifier = resolve_verifier(args.verifier)
     prompts = load_prompts(args.benchmark, limit=args.num_prompts, turns=args.turns)
@@ -47,7 +48,8 @@ def main() -> None:
         d = Path(d)
         fmt = draft_format(d)
         r = served_acceptance(verifier, d, prompts, k=args.k, fmt=fmt, max_tokens=args.max_tokens,
-                              concurrency=args.concurrency, baseline=args.baseline and i == 0, log_dir=out.parent)
+                              concurrency=args.concurrency, baseline=args.baseline and i == 0, log_dir=out.parent,
+                              trust_remote_code=args.trust_remote_code)
         results["drafts"][str(d)] = {"format": fmt, **acceptance_summary(r), "startup_s": r.get("startup_s")}
         print(json.dumps({str(d): results["drafts"][str(d)]}, indent=2))
     write_json(out, results)

@@ -174,3 +174,28 @@ def test_held_out_prompts_at_two_temperatures(servers, smollm2_dir, tmp_path, ca
     assert len(at["1.0"]["per_position_acceptance"]) == spec.speculative["num_speculative_tokens"]
     table = capsys.readouterr().out
     assert "served T=0.0" in table and "served T=1.0" in table
+
+
+def test_tokens_accepted_past_the_stop_are_taken_out_of_a_regions_figure():
+    """vLLM counts a round's accepted tokens before the stop cuts the reply: every returned token is a prefill's
+    (one per reply) or a round's (accepted + 1), so the counters' excess over the returned tokens was accepted past
+    `</think>`. The numbers are those measured on the taught simulated Kimi (6 MT-bench replies, k 3): the answer
+    pass and the whole replies (ended at EOS) have no excess; the reasoning pass counted 8 of its 29 past `</think>`."""
+    from eagle3_train.evaluate.served_regions import _region, accepted_past_stop
+    from eagle3_train.serving.metrics import SpecDecodeCounters
+
+    def counters(drafts, per_pos):
+        return SpecDecodeCounters(num_drafts=drafts, num_draft_tokens=3 * drafts, num_accepted_tokens=sum(per_pos),
+                                  accepted_per_pos=dict(enumerate(per_pos)), present=True)
+
+    assert accepted_past_stop(replies=6, tokens=132, drafts=71, counted=55) == 0  # whole replies
+    answer = _region(counters(56, [17, 8, 3]), replies=6, tokens=90)
+    assert answer["num_accepted_past_stop"] == 0 and answer["mean_acceptance_length"] == 1.5
+    reasoning = _region(counters(15, [13, 10, 6]), replies=6, tokens=42)
+    assert reasoning["num_accepted_counted_by_vllm"] == 29 and reasoning["num_accepted_past_stop"] == 8
+    assert reasoning["num_accepted_tokens"] == 21 and reasoning["mean_acceptance_length"] == pytest.approx(1 + 21 / 15)
+    # the cut tokens end their rounds: taken from the highest positions first, and the positions add up again
+    assert reasoning["per_position_acceptance"] == pytest.approx([13 / 15, 8 / 15, 0.0])
+    assert 1 + sum(reasoning["per_position_acceptance"]) == pytest.approx(reasoning["mean_acceptance_length"])
+    # a reply with rounds that drafted nothing only lowers the estimate: it never goes below zero
+    assert accepted_past_stop(replies=2, tokens=50, drafts=10, counted=20) == 0

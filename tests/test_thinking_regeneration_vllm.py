@@ -198,6 +198,9 @@ def test_served_acceptance_is_measured_in_the_reasoning_and_in_the_answer_at_two
             print(f"[thinking] T {t} {name}: {r['mean_acceptance_length']:.3f} over {r['num_drafts']} drafts, "
                   f"{r['replies']} replies")
             assert r["replies"] == count and r["num_drafts"] > 0 and r["generated_tokens"] > 0, (t, name, r)
+            # over the returned tokens only: the accepted tokens vLLM counted past `</think>` are out
+            assert r["replies"] + r["num_drafts"] + r["num_accepted_tokens"] <= r["generated_tokens"], (t, name, r)
+            assert r["num_accepted_tokens"] + r["num_accepted_past_stop"] == r["num_accepted_counted_by_vllm"]
             assert len(r["per_position_acceptance"]) == 3
     regions = whole["by_region"]
     # greedy: the reasoning pass repeats the whole replies' rounds up to </think>, the answer pass starts a round
