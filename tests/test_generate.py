@@ -368,3 +368,53 @@ def test_prepared_data_records_how_it_was_regenerated(tmp_path, tiny_llama_dir):
     assert record["counts"]["done"] == 4 and record["source"]["path"] == str(src)  # the data it regenerated
     plain = prepare(src, tiny_llama_dir(), tmp_path / "prep-plain", max_length=64, val_count=1)
     assert plain["source"]["regeneration"] is None  # not regenerated: nothing to record
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_regenerated_data_is_supervised_as_the_verifier_generated_it(servers, tmp_path, smollm2_dir):
+    """What prepare supervises is what the verifier produced: each regenerated turn keeps vLLM's token ids, and the
+    prepared supervised ids equal them; a tool-call turn kept from the source (the verifier did not write it) is
+    context unless asked; tools reach a server without a tool-call parser only to stop the run, naming the flags."""
+    from eagle3_train.assets.conversations import REGENERATED, TOKEN_IDS
+    from eagle3_train.data.prepare import prepare
+
+    plain, _ = servers
+    call = {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": {"q": "pears"}}}
+    records = [{"id": f"q{i}", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "-"}]}
+               for i, q in enumerate(["Tell me a joke.", "Name three fruits."])]
+    records.append({"id": "agent", "messages": [
+        {"role": "user", "content": "How many pears are left?"},
+        {"role": "assistant", "content": "Let me look that up.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "12 pears"},
+        {"role": "assistant", "content": "-"}]})
+    src = tmp_path / "source.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    regenerate(src, tmp_path / "gen", [plain.base_url], MODEL, max_tokens=24, temperature=0.0)
+    out = {r["id"]: r for r in recover_jsonl(tmp_path / "gen" / "conversations.jsonl")[0]}
+    kept = out["agent"]["messages"][1]
+    assert kept[REGENERATED] is False and TOKEN_IDS not in kept
+    assert kept["tool_calls"][0]["function"]["name"] == "lookup"
+    assert all(TOKEN_IDS in m for r in out.values() for m in r["messages"]
+               if m["role"] == "assistant" and m.get(REGENERATED) is not False)
+
+    manifest = prepare(tmp_path / "gen", smollm2_dir, tmp_path / "prep", max_length=512, val_count=0)
+    ids = manifest["counts"]["generated_ids"]
+    print(f"[generated ids] {ids}")
+    assert ids["turns"] == 3 and ids["mismatched"] == 0 and ids["equal"] == 3, ids
+    assert manifest["counts"]["kept_turns_unsupervised"] == 1
+    asked = prepare(tmp_path / "gen", smollm2_dir, tmp_path / "prep-all", max_length=512, val_count=0,
+                    supervise_kept_turns=True)
+    assert asked["counts"]["kept_turns_unsupervised"] == 0
+    assert sum(asked["counts"]["supervised_tokens"].values()) > sum(manifest["counts"]["supervised_tokens"].values())
+
+    # the conversation's tools go with its requests: a server started without a tool-call parser refuses them all
+    with_tools = tmp_path / "tools.jsonl"
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    with_tools.write_text(json.dumps({**records[-1], "tools": tools}) + "\n")
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(with_tools), "--endpoint",
+           plain.base_url, "--model", MODEL, "--out", str(tmp_path / "gen-tools"), "--max-tokens", "8"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"})
+    assert r.returncode != 0 and "--enable-auto-tool-choice --tool-call-parser" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

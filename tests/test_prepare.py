@@ -338,3 +338,98 @@ def test_cli_skip_bad_records_counts_them_in_the_manifest(tmp_path, verifier, ca
                                                                                       (6, "invalid_utf8")]
     assert m["settings"]["skip_bad_records"] is True
     assert sorted(rows(out)) == [f"g{i}" for i in range(6)]
+
+
+AGENT_TEMPLATE = (
+    "{%- if tools -%}{{- '<|im_start|>system\\ntools: ' + tools | map(attribute='function') | map(attribute='name')"
+    " | join(',') + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' -}}"
+    "{%- if m['role'] == 'assistant' and (thinking is not defined or thinking) -%}"
+    "{{- '<think>' + (m.get('reasoning_content') or '') + '</think>' -}}{%- endif -%}"
+    "{{- m['content'] -}}{%- if m.get('tool_calls') -%}{{- ' CALL ' + m['tool_calls'][0]['function']['name'] -}}"
+    "{%- endif -%}{{- '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+
+
+def _supervised_texts(tokenizer, out: Path, cid: str) -> list[str]:
+    row = rows(out)[cid]
+    return [tokenizer.decode(r) for r in supervised_runs(row["input_ids"], row["loss_mask"])]
+
+
+def test_regenerated_data_renders_as_it_was_generated(tmp_path, verifier, tokenizer):
+    """generate's conversations are rendered as the server rendered them: with the thinking switch it sent (the
+    template's empty think block is not supervised) and the conversation's tools; a source tool-call turn generate
+    kept as given is context unless asked."""
+    tpl = tmp_path / "agent.jinja"
+    tpl.write_text(AGENT_TEMPLATE)
+    gen = tmp_path / "gen"
+    gen.mkdir()
+    call = {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "Pears?"},
+            {"role": "assistant", "content": "Looking.", "tool_calls": [call], "regenerated": False},
+            {"role": "tool", "tool_call_id": "call_0", "content": "12"},
+            {"role": "assistant", "content": "Twelve."}]
+    tools = [{"name": "lookup", "parameters": {"type": "object"}}]  # a bare schema: read as an OpenAI function
+    (gen / "conversations.jsonl").write_text(json.dumps({"id": "a", "messages": msgs, "tools": tools}) + "\n")
+    (gen / "manifest.json").write_text(json.dumps({"stage": "generate", "model": "m", "thinking": {
+        "style": "kimi", "request_extra": {"chat_template_kwargs": {"thinking": False}}}}))
+    m = prepare(gen, verifier, tmp_path / "out", chat_template=str(tpl), val_fraction=0.0)
+    assert m["settings"]["chat_template_kwargs"] == {"thinking": False}
+    assert m["counts"]["kept_turns_unsupervised"] == 1 and m["counts"]["conversations_with_tools"] == 1
+    assert _supervised_texts(tokenizer, tmp_path / "out", "a") == ["Twelve.<|im_end|>"]
+    row = rows(tmp_path / "out")["a"]
+    assert tokenizer.decode(row["input_ids"]).startswith("<|im_start|>system\ntools: lookup<|im_end|>")
+    asked = prepare(gen, verifier, tmp_path / "all", chat_template=str(tpl), val_fraction=0.0,
+                    supervise_kept_turns=True)
+    assert asked["counts"]["kept_turns_unsupervised"] == 0
+    assert _supervised_texts(tokenizer, tmp_path / "all", "a") == ["Looking. CALL lookup<|im_end|>",
+                                                                   "Twelve.<|im_end|>"]
+    # the same file without generate's manifest: no switch known, the template's default (thinking on) renders
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "conversations.jsonl").write_bytes((gen / "conversations.jsonl").read_bytes())
+    prepare(plain, verifier, tmp_path / "out-plain", chat_template=str(tpl), val_fraction=0.0)
+    assert _supervised_texts(tokenizer, tmp_path / "out-plain", "a") == ["<think></think>Twelve.<|im_end|>"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"tools": {"name": "x"}}, "field 'tools' must be a list"),
+    ({"tools": "[not json"}, "field 'tools' is text but not JSON"),
+    ({"tools": [{"parameters": {}}]}, r"tools\[0\] must be"),
+])
+def test_bad_tools_are_named(tmp_path, verifier, bad, message):
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"},
+                                                       {"role": "assistant", "content": "a"}], **bad}) + "\n")
+    with pytest.raises(Eagle3InputError, match=message):
+        prepare(src, verifier, tmp_path / "out", val_fraction=0.0)
+
+
+def test_supervised_ids_are_compared_with_the_generated_ones():
+    """Each regenerated turn's supervised run against the ids the verifier generated: equal, the template's end of
+    turn added to a reply cut at max_tokens, a mismatch (named), and a run the max length cut (its prefix)."""
+    from eagle3_train.data.generated_ids import GeneratedIdsCheck
+
+    def sample(runs):  # input ids and mask: a one-token prompt before each run
+        ids, mask = [], []
+        for r in runs:
+            ids += [1] + r
+            mask += [0] + [1] * len(r)
+        return ids, mask
+
+    turn = [{"role": "user", "content": "q"}]
+    check = GeneratedIdsCheck()
+    check.add("equal", turn + [{"role": "assistant", "content": "", "completion_token_ids": [5, 6, 2]}],
+              *sample([[5, 6, 2]]), cut=False)
+    check.add("end", turn + [{"role": "assistant", "content": "", "completion_token_ids": [5, 6]}],
+              *sample([[5, 6, 2]]), cut=False)
+    check.add("differs", turn + [{"role": "assistant", "content": "", "completion_token_ids": [5, 7, 2]}],
+              *sample([[5, 6, 2]]), cut=False)
+    check.add("cut", turn + [{"role": "assistant", "content": "", "completion_token_ids": [5, 6, 7, 2]}],
+              *sample([[5, 6]]), cut=True)
+    check.add("plain", turn + [{"role": "assistant", "content": ""}], *sample([[5, 6, 2]]), cut=False)
+    r = check.record()
+    assert (r["turns"], r["equal"], r["end_added"], r["mismatched"], r["cut"]) == (4, 2, 1, 1, 1)
+    assert r["examples"] == [{"id": "differs", "turn": 0, "first_difference": 1, "supervised": [5, 6, 2],
+                              "generated": [5, 7, 2], "lengths": [3, 3]}]
+    assert GeneratedIdsCheck().record() is None

@@ -85,3 +85,22 @@ def test_the_docs_table_is_current():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
     assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.assets.thinking " \
                                     "--markdown"
+
+
+def test_a_server_started_for_conversations_with_tools_gets_the_familys_tool_parser(tmp_path):
+    """generate starts vLLM with the style's tool-call parser when (and only when) the conversations offer tools."""
+    import json
+
+    from eagle3_train.generate.regenerate import tool_server_args
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": "a"}]}) + "\n")
+    tools = tmp_path / "tools.jsonl"
+    tools.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                                 "tools": [{"type": "function", "function": {"name": "f"}}]}) + "\n")
+    assert tool_server_args(plain, "moonshotai/Kimi-K2.5", None) == []
+    assert tool_server_args(tools, "moonshotai/Kimi-K2.5", None) == ["--enable-auto-tool-choice",
+                                                                     "--tool-call-parser", "kimi_k2"]
+    assert tool_server_args(tools, "Qwen/Qwen3-8B", None)[-1] == "hermes"
+    assert tool_server_args(tools, "some-model", None) == []  # none known: the server's refusal names the flags

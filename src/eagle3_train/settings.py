@@ -84,6 +84,9 @@ class PrepareSettings:
     reasoning: ReasoningPlacement = setting(
         "auto", "a thinking model's reasoning_content: through the chat template, inline in <think> tags, dropped, "
                 "or auto (template when it renders reasoning, else inline); supervised like the answer")
+    supervise_kept_turns: bool = setting(
+        False, "regenerated data: also supervise the assistant turns `generate` kept as given (tool calls answered by "
+               "recorded results), which the verifier did not produce")
     trust_remote_code: bool = setting(False, TRUST_HELP, yaml=False)
     skip_bad_records: bool = setting(False, "skip source records that are not valid JSON/UTF-8 or not conversations "
                                             "(counted by reason in the manifest, the first named) instead of stopping "

@@ -49,10 +49,17 @@ _BAD_EXAMPLES = 5
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
+# What `generate` writes on an assistant message beside role and content, kept for `prepare`: whether the verifier
+# produced it (`regenerated: false` on a source turn kept as given) and the token ids it generated.
+REGENERATED = "regenerated"
+TOKEN_IDS = "completion_token_ids"
+
+
 @dataclass
 class Conversation:
     id: str
     messages: list[dict[str, str]]
+    tools: list[dict[str, Any]] | None = None  # the functions the conversation offers (OpenAI `tools`)
 
 
 @dataclass
@@ -387,6 +394,8 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
             message["reasoning_content"] = _content(reasoning, twhere, "reasoning_content")
         if canonical == "assistant" and turn.get("tool_calls"):
             message["tool_calls"] = _tool_calls(turn["tool_calls"], twhere)
+        if canonical == "assistant":
+            _generated_fields(turn, message, twhere)
         if canonical == "tool":
             for key in ("tool_call_id", "name"):
                 if turn.get(key) is not None:
@@ -401,7 +410,42 @@ def _parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conv
     if cid is None or cid == "":
         # No id in the file: a content hash is stable across runs and limits.
         cid = messages_digest(messages)[:16]
-    return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages)
+    tools = _tools(record["tools"], where) if record.get("tools") not in (None, "", []) else None
+    return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages, tools=tools)
+
+
+def _generated_fields(turn: dict[str, Any], message: dict[str, Any], where: str) -> None:
+    """`generate`'s own fields of an assistant turn, checked: `regenerated` (a bool) and `completion_token_ids`."""
+    if REGENERATED in turn:
+        if not isinstance(turn[REGENERATED], bool):
+            raise Eagle3InputError(f"{where}: field '{REGENERATED}' must be true or false, got {turn[REGENERATED]!r}")
+        message[REGENERATED] = turn[REGENERATED]
+    ids = turn.get(TOKEN_IDS)
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                for i in ids):
+            raise Eagle3InputError(f"{where}: field '{TOKEN_IDS}' must be a list of token ids (integers >= 0)")
+        message[TOKEN_IDS] = ids
+
+
+def _tools(value: Any, where: str) -> list[dict[str, Any]]:
+    """A record's `tools`: OpenAI's [{"type": "function", "function": {"name", "description"?, "parameters"?}}],
+    bare function schemas ({"name", ...}), or either as JSON text (as Glaive/xLAM-style sets store it)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise Eagle3InputError(f"{where}: field 'tools' is text but not JSON: {value[:80]!r}") from None
+    if not isinstance(value, list):
+        raise Eagle3InputError(f"{where}: field 'tools' must be a list of functions, got {type(value).__name__}")
+    tools = []
+    for i, tool in enumerate(value):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise Eagle3InputError(f"{where}: tools[{i}] must be {{'type': 'function', 'function': {{'name', "
+                                   f"'parameters'}}}} or a function schema with a 'name', got {str(tool)[:80]!r}")
+        tools.append({"type": "function", "function": fn})
+    return tools
 
 
 def _sharegpt_call(value: Any, where: str, field_name: str) -> dict[str, Any]:

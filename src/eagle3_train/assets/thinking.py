@@ -38,6 +38,13 @@ class ThinkingStyle:
     thinking: Sampling | None = None  # recommended sampling with thinking on; None: no recommendation known
     instant: Sampling | None = None  # ... with thinking off
     source: str = ""
+    # vLLM's tool-call parser for the family's chat format (`--tool-call-parser`): what turns a new call back into
+    # `tool_calls`; None: none known (a server started here without one cannot take the conversations' tools)
+    tool_parser: str | None = None
+
+    def tool_server_args(self) -> list[str]:
+        """The vLLM flags that let a server return this family's tool calls, where its parser is known."""
+        return ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser] if self.tool_parser else []
 
     def request_extra(self, reasoning: str) -> dict[str, Any] | None:
         """The extra request body for generate's reasoning mode (keep/strip: thinking on; disable: off)."""
@@ -51,16 +58,19 @@ class ThinkingStyle:
 STYLES: tuple[ThinkingStyle, ...] = (
     ThinkingStyle("kimi", ("kimi",), "thinking", off={"chat_template_kwargs": {"thinking": False}},
                   thinking=Sampling(1.0, 0.95), instant=Sampling(0.6, 0.95),
-                  source="Kimi-K2.5 model card and vLLM recipe: thinking on by default, chat_template_kwargs.thinking"),
+                  source="Kimi-K2.5 model card and vLLM recipe: thinking on by default, chat_template_kwargs.thinking",
+                  tool_parser="kimi_k2"),
     ThinkingStyle("qwen3", ("qwen3",), "enable_thinking", off={"chat_template_kwargs": {"enable_thinking": False}},
                   thinking=Sampling(0.6, 0.95), instant=Sampling(0.7, 0.8),
-                  source="Qwen3 model cards (also top_k 20): enable_thinking, on by default"),
+                  source="Qwen3 model cards (also top_k 20): enable_thinking, on by default", tool_parser="hermes"),
     ThinkingStyle("deepseek", ("deepseek",), "thinking", off={"chat_template_kwargs": {"thinking": False}},
                   on={"chat_template_kwargs": {"thinking": True}}, thinking=Sampling(0.6, 0.95),
-                  source="DeepSeek-V3.1 template: thinking off unless chat_template_kwargs.thinking; R1's sampling"),
+                  source="DeepSeek-V3.1 template: thinking off unless chat_template_kwargs.thinking; R1's sampling",
+                  tool_parser="deepseek_v31"),
     ThinkingStyle("gpt_oss", ("gpt-oss", "gpt_oss"), "reasoning_effort", off={"reasoning_effort": "low"},
                   thinking=Sampling(1.0, 1.0), instant=Sampling(1.0, 1.0),
-                  source="gpt-oss model card: reasoning cannot be turned off, `disable` asks for low effort"),
+                  source="gpt-oss model card: reasoning cannot be turned off, `disable` asks for low effort",
+                  tool_parser="openai"),
 )
 # An unknown template: Qwen3's switch (templates that do not read it ignore it), no sampling recommendation.
 GENERIC = ThinkingStyle("generic", (), "", off={"chat_template_kwargs": {"enable_thinking": False}},
@@ -127,11 +137,11 @@ def markdown_table() -> str:
         return f"T {s.temperature}, top-p {s.top_p}" if s else "none known"
 
     rows = ["| style | recognised by | thinking off (`--reasoning disable`) | thinking on | sampling, thinking | "
-            "sampling, instant | source |", "|---|---|---|---|---|---|---|"]
+            "sampling, instant | vLLM tool-call parser | source |", "|---|---|---|---|---|---|---|---|"]
     for s in (*STYLES, GENERIC):
         seen = f"template reads `{s.template_marker}`; name contains {', '.join(s.names)}" if s.names else "otherwise"
         rows.append(f"| {s.name} | {seen} | `{s.off}` | `{s.on or 'default'}` | {fmt(s.thinking)} | "
-                    f"{fmt(s.instant)} | {s.source} |")
+                    f"{fmt(s.instant)} | {f'`{s.tool_parser}`' if s.tool_parser else 'none known'} | {s.source} |")
     return "\n".join(rows)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,9 @@ class MaskedSample:
 
 
 class ChatMasker:
-    def __init__(self, tokenizer, chat_template: str | None = None):
+    def __init__(self, tokenizer, chat_template: str | None = None, template_kwargs: dict[str, Any] | None = None):
+        """`template_kwargs`: the variables every rendering passes the template (the `chat_template_kwargs` the
+        conversations were generated with, e.g. Kimi's `thinking: false`)."""
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer; loss masks need its offsets "
                              f"mapping (load the tokenizer with a tokenizer.json)")
@@ -58,13 +61,16 @@ class ChatMasker:
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
             raise ValueError("the tokenizer has no chat template; pass one (a .jinja file)")
+        self.template_kwargs = dict(template_kwargs or {})
         self._specials = special_tokens(tokenizer)
         self._marker_cache: dict[str, str] = {}
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, tools=tools,
+                                                      **self.template_kwargs)
         except Exception as e:  # noqa: BLE001 - jinja raises TemplateError, templates raise their own messages
             raise ChatTemplateError(f"the chat template failed: {e}") from None
 
@@ -96,31 +102,35 @@ class ChatMasker:
             self._marker_cache[suffix] = end_marker(suffix, self._specials)
         return self._marker_cache[suffix]
 
-    def spans(self, messages: list[dict[str, str]], max_tokens: int | None = None
-              ) -> tuple[str, list[tuple[int, int]]]:
-        """Render the conversation; return the text and the character span of each assistant reply + marker.
+    def spans(self, messages: list[dict[str, str]], max_tokens: int | None = None,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, list[tuple[int, int]]]:
+        """Render the conversation (offering `tools`); return the text and the character span of each assistant
+        reply + marker.
 
         `max_tokens`: only the first max_tokens tokens will be kept, so replies that start later are not probed
         (each probe renders the conversation so far: without a bound, masking costs quadratic time in turns)."""
-        full = self.render(messages)
+        def render(msgs: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+            return self.render(msgs, add_generation_prompt, tools)
+
+        full = render(messages)
         out = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant" or m.get(UNSUPERVISED):
                 continue
-            prompt = self.render(messages[:i], add_generation_prompt=True)
+            prompt = render(messages[:i], add_generation_prompt=True)
             if not full.startswith(prompt):
                 raise ChatTemplateError(f"message {i}: the rendering of the earlier messages plus the generation "
                                         f"prompt is not a prefix of the whole conversation")
             if max_tokens is not None and len(prompt) > max_tokens and self._token_count(prompt) > max_tokens:
                 break  # this reply and the later ones start past the cut (a token more: a merge at the boundary)
             start = len(prompt)
-            probe = self.render(messages[:i] + [{"role": "assistant", "content": _SENTINEL}])
+            probe = render(messages[:i] + [{"role": "assistant", "content": _SENTINEL}])
             k = probe.rfind(_SENTINEL)
             if k < 0:
                 raise ChatTemplateError(f"message {i}: the template drops the assistant content")
             suffix = probe[k + len(_SENTINEL):]
             marker = self.end_marker(suffix)
-            upto = self.render(messages[:i + 1])
+            upto = render(messages[:i + 1])
             if full.startswith(upto) and upto.endswith(suffix) and len(upto) - len(suffix) >= start:
                 end = len(upto) - len(suffix)
             elif marker:
@@ -139,15 +149,16 @@ class ChatMasker:
         return len(self.tokenizer(text, add_special_tokens=False, return_attention_mask=False,
                                   verbose=False)["input_ids"])
 
-    def encode_batch(self, conversations: list[list[dict[str, str]]], max_tokens: int | None = None
-                     ) -> list[MaskedSample | ChatTemplateError]:
+    def encode_batch(self, conversations: list[list[dict[str, str]]], max_tokens: int | None = None,
+                     tools: list[list[dict[str, Any]] | None] | None = None) -> list[MaskedSample | ChatTemplateError]:
         """Encode many conversations with one tokenizer call; a failed one yields its ChatTemplateError.
-        `max_tokens`: the masks are exact on the first max_tokens tokens (see `spans`)."""
+        `max_tokens`: the masks are exact on the first max_tokens tokens (see `spans`); `tools`: each
+        conversation's functions (None: none)."""
         results: list[MaskedSample | ChatTemplateError] = []
         rendered: list[tuple[int, str, list[tuple[int, int]]]] = []
-        for messages in conversations:
+        for j, messages in enumerate(conversations):
             try:
-                text, spans = self.spans(messages, max_tokens)
+                text, spans = self.spans(messages, max_tokens, tools[j] if tools else None)
             except ChatTemplateError as e:
                 results.append(e)
                 continue

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from eagle3_train.assets.conversations import load_conversations, normalize_turns
+from eagle3_train.assets.conversations import REGENERATED, load_conversations, normalize_turns
 from eagle3_train.assets.tokenizer import check_same_tokens, converted_from, load_tokenizer, tokenizer_digest
 from eagle3_train.assets.verifier import Verifier, as_verifier
-from eagle3_train.data.chat_mask import ChatMasker, ChatTemplateError, format_masked
+from eagle3_train.data.chat_mask import UNSUPERVISED, ChatMasker, ChatTemplateError, format_masked
+from eagle3_train.data.generated_ids import GeneratedIdsCheck
 from eagle3_train.data.reasoning import (
     REASONING_KEY,
     check_reasoning_mode,
@@ -97,13 +98,17 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
             reasoning: str = _D.reasoning, trust_remote_code: bool = _D.trust_remote_code,
-            skip_bad_records: bool = _D.skip_bad_records, overwrite: bool = _D.overwrite) -> dict[str, Any]:
+            skip_bad_records: bool = _D.skip_bad_records, overwrite: bool = _D.overwrite,
+            supervise_kept_turns: bool = _D.supervise_kept_turns) -> dict[str, Any]:
     """Tokenize a conversation source for training; returns the manifest written to `out_dir/manifest.json`.
 
     `trust_remote_code`: allow a tokenizer class shipped as code in the verifier's directory (recorded).
     `skip_bad_records`: skip (and count in the manifest) source records that are not valid JSON/UTF-8 or not
     conversations, instead of stopping at the first. `overwrite`: replace an earlier prepared output in `out_dir`
     made from other data, verifier or settings (without it that is refused; the same inputs are prepared again).
+    Regenerated data (`generate`'s conversations.jsonl) is rendered with the `chat_template_kwargs` it was generated
+    with; its kept turns are context unless `supervise_kept_turns`; its generated token ids are compared with the
+    supervised ones (`counts.generated_ids`).
     """
     t0 = time.time()
     check_prepare_settings(max_length, overflow, val_fraction, val_count, leading_assistant, reasoning)
@@ -116,20 +121,22 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
     verifier = as_verifier(verifier, need="tokenizer")  # a hub id: no weights for tokenizing
     settings = {"max_length": max_length, "overflow": overflow, "val_fraction": val_fraction,
                 "val_count": val_count, "seed": seed, "limit": limit, "leading_assistant": leading_assistant,
-                "reasoning": reasoning, "skip_bad_records": skip_bad_records}
+                "reasoning": reasoning, "skip_bad_records": skip_bad_records,
+                "supervise_kept_turns": supervise_kept_turns}
     template_sha256 = sha256_text(template or "")  # the --chat-template override ("" when none)
     if not overwrite:
         _check_same_inputs(out_dir, info.sha256, verifier.identity(), template_sha256, settings)
     verifier_dir = verifier.path
     tokenizer = load_tokenizer(verifier_dir, trust_remote_code)
+    template_kwargs = generated_template_kwargs(info.regeneration)
     try:
-        masker = ChatMasker(tokenizer, template)
+        masker = ChatMasker(tokenizer, template, template_kwargs)
     except ValueError as e:
         raise Eagle3InputError(f"verifier {verifier_dir}: {e}") from None
     renders_reasoning = masker.renders_reasoning()
     reasoning_mode = resolve_mode(reasoning, renders_reasoning)
 
-    kept = _Tokenized(masker, max_length, overflow, verifier_dir)
+    kept = _Tokenized(masker, max_length, overflow, verifier_dir, supervise_kept_turns)
     with progress(total=limit, desc="prepare", unit="conv") as bar:
         kept.add_all(conversations, info, bar, leading_assistant, reasoning_mode, renders_reasoning)
     if not kept.samples:
@@ -150,7 +157,8 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
         "source": info.to_dict(),
         "verifier": {**verifier.identity(), "vocab_size": verifier_vocab_size(verifier_dir)},
         "tokenizer": _tokenizer_record(verifier_dir, tokenizer, masker.chat_template, template_source),
-        "settings": {**settings, "reasoning_placed": reasoning_mode, "template_renders_reasoning": renders_reasoning},
+        "settings": {**settings, "reasoning_placed": reasoning_mode, "template_renders_reasoning": renders_reasoning,
+                     "chat_template_kwargs": template_kwargs},
         "chat_template_override_sha256": template_sha256,
         "counts": counts,
         "skip_examples": kept.examples,
@@ -167,7 +175,8 @@ def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | 
 class _Tokenized:
     """The conversations prepare keeps, as token ids and loss masks, and the counts of what it skipped and why."""
 
-    def __init__(self, masker: ChatMasker, max_length: int, overflow: str, verifier_dir: Path) -> None:
+    def __init__(self, masker: ChatMasker, max_length: int, overflow: str, verifier_dir: Path,
+                 supervise_kept_turns: bool = False) -> None:
         self.masker, self.max_length, self.overflow = masker, max_length, overflow
         # a tokenizer converted from the verifier's own (tiktoken) one: every conversation is checked against it
         self.original, self.verifier_dir = converted_from(masker.tokenizer), verifier_dir
@@ -181,6 +190,10 @@ class _Tokenized:
         # the template drops earlier turns' reasoning: split multi-turn conversations at their user turns
         self.split_turns = masker.drops_earlier_reasoning()
         self.split_conversations = 0
+        self.supervise_kept_turns = supervise_kept_turns
+        self.kept_turns_unsupervised = 0  # regenerated data: source turns kept as given, trained as context only
+        self.with_tools = 0
+        self.generated_ids = GeneratedIdsCheck()
 
     def skip(self, reason: str, conv_id: str) -> None:
         self.skipped[reason] += 1
@@ -191,7 +204,7 @@ class _Tokenized:
     def add_all(self, conversations, info, bar, leading_assistant: str, reasoning_mode: str,
                 renders_reasoning: bool) -> None:
         """Normalize each conversation's turns, place its reasoning, and tokenize in batches of _BATCH."""
-        batch: list[tuple[str, list[dict[str, str]]]] = []
+        batch: list[tuple[str, list[dict[str, str]], list[dict[str, Any]] | None]] = []
         for conv in conversations:
             self.n_read += 1
             bar.update(1)
@@ -207,18 +220,26 @@ class _Tokenized:
                                        f"template ignores it (it would be dropped silently); use --reasoning "
                                        f"inline, drop or auto")
             self.reasoning_turns += with_reasoning
+            if not self.supervise_kept_turns:  # the verifier did not produce these: context, not targets
+                kept_turns = sum(m.get(REGENERATED) is False for m in messages)
+                self.kept_turns_unsupervised += kept_turns
+                if kept_turns:
+                    messages = [{**m, UNSUPERVISED: True} if m.get(REGENERATED) is False else m for m in messages]
+            self.with_tools += bool(conv.tools)
             placed = place_reasoning(messages, reasoning_mode)
             parts = split_at_user_turns(placed) if self.split_turns and with_reasoning else [placed]
             self.split_conversations += len(parts) > 1
-            batch += [(conv.id if len(parts) == 1 else f"{conv.id}#turn{j + 1}", part) for j, part in enumerate(parts)]
+            batch += [(conv.id if len(parts) == 1 else f"{conv.id}#turn{j + 1}", part, conv.tools)
+                      for j, part in enumerate(parts)]
             if len(batch) >= _BATCH:
                 self.flush(batch)
                 batch = []
         self.flush(batch)
 
-    def flush(self, batch: list[tuple[str, list[dict[str, str]]]]) -> None:
+    def flush(self, batch: list[tuple[str, list[dict[str, str]], list[dict[str, Any]] | None]]) -> None:
         max_length = self.max_length
-        for (conv_id, _), res in zip(batch, self.masker.encode_batch([m for _, m in batch], max_length)):
+        results = self.masker.encode_batch([m for _, m, _ in batch], max_length, [t for _, _, t in batch])
+        for (conv_id, messages, _), res in zip(batch, results):
             if isinstance(res, ChatTemplateError):
                 if not self.skipped["chat_template_error"]:
                     log.warning("conversation %s skipped: %s (later ones: see the manifest's skip counts)",
@@ -234,6 +255,7 @@ class _Tokenized:
                     self.skip("too_long", conv_id)
                     continue
                 ids, mask = ids[:max_length], mask[:max_length]
+            self.generated_ids.add(conv_id, messages, ids, mask, cut)
             n_sup = sum(mask)
             if n_sup == 0:
                 self.skip("no_supervised_after_truncation" if cut else "no_supervised_tokens", conv_id)
@@ -257,10 +279,22 @@ class _Tokenized:
             "assistant_turns_with_reasoning": self.reasoning_turns,
             # samples of a conversation split at its user turns share its id + "#turnN" (and its split)
             "split_at_user_turns": self.split_conversations,
+            "kept_turns_unsupervised": self.kept_turns_unsupervised,
+            "conversations_with_tools": self.with_tools,
+            # regenerated turns: supervised ids vs the ids the verifier generated (None: no ids recorded)
+            "generated_ids": self.generated_ids.record(),
             "tokens": {k: sum(s["length"] for s in v) for k, v in by_split.items()},
             "supervised_tokens": {k: sum(s["n_supervised"] for s in v) for k, v in by_split.items()},
             "max_length_seen": max(s["length"] for s in self.samples),
         }
+
+
+def generated_template_kwargs(regeneration: dict[str, Any] | None) -> dict[str, Any]:
+    """The `chat_template_kwargs` `generate` sent (its thinking switch, e.g. Kimi's `thinking: false`): rendered
+    without them, a turn generated with thinking off gets the template's empty think block as supervised tokens."""
+    extra = ((regeneration or {}).get("thinking") or {}).get("request_extra") or {}
+    kwargs = extra.get("chat_template_kwargs") if isinstance(extra, dict) else None
+    return dict(kwargs) if isinstance(kwargs, dict) else {}
 
 
 def _check_not_inside(source: str | Path, out_dir: Path) -> None:
@@ -426,7 +460,8 @@ def main(args: argparse.Namespace) -> int:
                        val_fraction=s.val_fraction, seed=s.seed, limit=s.limit, chat_template=s.chat_template,
                        val_count=s.val_count, leading_assistant=s.leading_assistant,
                        reasoning=s.reasoning, trust_remote_code=s.trust_remote_code,
-                       skip_bad_records=s.skip_bad_records, overwrite=s.overwrite)
+                       skip_bad_records=s.skip_bad_records, overwrite=s.overwrite,
+                       supervise_kept_turns=s.supervise_kept_turns)
     c = manifest["counts"]
     src = manifest["source"]
     print(f"read {c['conversations_read']} conversations from {src['path']}"

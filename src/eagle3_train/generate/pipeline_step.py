@@ -31,7 +31,8 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, sk
                     if users > max_turns:
                         break
                 kept.append(m)
-            f.write(json.dumps({"id": conv.id, "messages": kept}) + "\n")
+            f.write(json.dumps({"id": conv.id, "messages": kept, **({"tools": conv.tools} if conv.tools else {})})
+                    + "\n")
     if info.bad_records:
         log.warning("%s: skipped bad records %s (first: %s)", source, info.bad_records, info.bad_record_examples)
     return out_file
@@ -42,7 +43,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
                                 ) -> dict[str, Any]:
     """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
     regenerate the assistant turns of `source` into `out_dir`."""
-    from eagle3_train.generate.regenerate import SERVER_LOG, claim_generate_output, regenerate
+    from eagle3_train.generate.regenerate import SERVER_LOG, claim_generate_output, regenerate, tool_server_args
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, message = vllm_available()
@@ -59,7 +60,9 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     max_model_len = s.pop("max_model_len", GenerateSettings.max_model_len)
     if max_model_len:
         opts["max_model_len"] = int(max_model_len)
-    with VLLMServer(verifier_dir, log_path=out_dir / SERVER_LOG, **opts) as server:
+    tools = tool_server_args(source, str(verifier_dir), verifier_dir, s.get("thinking_style") or "auto", limit,
+                             bool(s.get("skip_bad_records", False)))
+    with VLLMServer(verifier_dir, log_path=out_dir / SERVER_LOG, extra_args=tools, **opts) as server:
         manifest = regenerate(source, out_dir, [server.base_url], server.model_name, limit=limit, **s)
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}
 
@@ -83,6 +86,7 @@ def mix_with_originals(source: str, generated: Path, out_file: Path, limit: int 
         original = 0
         for conv in conversations:
             if conv.id not in done:
-                f.write(json.dumps({"id": conv.id, "messages": conv.messages}) + "\n")
+                f.write(json.dumps({"id": conv.id, "messages": conv.messages,
+                                    **({"tools": conv.tools} if conv.tools else {})}) + "\n")
                 original += 1
     return {"regenerated": regenerated, "original": original}

@@ -5,8 +5,10 @@ through any OpenAI-compatible chat endpoint (vLLM, SGLang, ...). Several `--endp
 
 Output (feeds `prepare` directly):
 - `DIR/conversations.jsonl`: one record per finished conversation, `{"id", "messages": [{"role", "content"
-  [, "reasoning_content"]}], "turns": [{"finish_reason", "usage"}], "model", ["truncated"]}`, appended with one
-  write + flush + fsync each, so a crash or kill -9 loses at most the conversations in flight. A rerun resumes:
+  [, "reasoning_content"] [, "tool_calls"] [, "completion_token_ids"] [, "regenerated": false]}], "turns":
+  [{"finish_reason", "usage"}], "model", ["tools"], ["truncated"]}` (`completion_token_ids`: what vLLM generated,
+  which `prepare` compares with what it supervises; `regenerated: false`: a source turn kept as given), appended
+  with one write + flush + fsync each, so a crash or kill -9 loses at most the conversations in flight. A rerun resumes:
   it reads the ids already written (cutting away a torn last line first) and does only the rest.
 - `DIR/skipped.jsonl`: `{"id", "reason", "detail"}` for conversations that cannot be regenerated (bad turn
   structure, first turn longer than the server's context, rejected request); not retried on resume.
@@ -15,8 +17,9 @@ Output (feeds `prepare` directly):
 When a later turn no longer fits the context, the turns done so far are kept (`"truncated": "context_too_long"`);
 a turn cut at max_tokens ends its conversation (`"truncated": "max_tokens"`, or dropped with `truncated_turns:
 drop`). Agentic traces: an assistant turn that called tools is kept as given (the recorded tool results answer that
-call), the assistant's other turns are regenerated with the calls and results in their history; a regenerated turn
-that calls a tool ends the trace there (`"truncated": "tool_call_without_result"`). The thinking switch and the
+call), the assistant's other turns are regenerated with the calls and results in their history and the
+conversation's `tools` in every request (a server started here gets the family's tool-call parser); a regenerated
+turn that calls a tool ends the trace there (`"truncated": "tool_call_without_result"`). The thinking switch and the
 recommended sampling come from the verifier's thinking style (assets/thinking.py). After the first wave of
 conversations (one per request in flight) the rate so far gives the measured ETA of the rest (`eta` in the manifest,
 on the long side; `estimate_only` stops there).
@@ -45,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.conversations import REGENERATED, TOKEN_IDS
 from eagle3_train.assets.thinking import GENERIC, ThinkingStyle, resolve_style
 from eagle3_train.serving.client import (
     ChatPool,
@@ -221,24 +225,29 @@ def _normalize(messages: list[dict[str, str]]) -> tuple[list[dict[str, str]] | N
 
 
 async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[dict[str, str]],
-                                  sampling: Sampling, stats: _Stats, style: ThinkingStyle = GENERIC
-                                  ) -> tuple[dict | None, dict | None]:
-    """Regenerate one conversation; returns (record, None) or (None, skip record)."""
+                                  sampling: Sampling, stats: _Stats, style: ThinkingStyle = GENERIC,
+                                  tools: list[dict[str, Any]] | None = None) -> tuple[dict | None, dict | None]:
+    """Regenerate one conversation; returns (record, None) or (None, skip record). `tools`: the conversation's
+    functions, sent with every request (so the template renders them as prepare will, and a new call comes back as
+    `tool_calls` from a server with a tool-call parser) and kept in the record."""
     msgs, reason = _normalize(messages)
     if reason:
         return None, {"id": conv_id, "reason": reason, "detail": ""}
     # The text exactly as generated: vLLM (and SGLang) otherwise put a space on both sides of every special token when
     # they detokenize with a remote-code (slow) tokenizer such as Kimi's, so a reply would come back as
     # "  thought" / " answer" and train on tokens the model never produced (measured on the simulated Kimi).
-    extra = {"spaces_between_special_tokens": False, **(style.request_extra(sampling.reasoning) or {})}
+    # return_token_ids: vLLM's completion token ids, kept so that prepare can compare what it supervises with them
+    extra = {"spaces_between_special_tokens": False, "return_token_ids": True,
+             **(style.request_extra(sampling.reasoning) or {})}
     out: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
     prefer: int | None = None  # keep a conversation on one endpoint: its prefix cache holds the earlier turns
     truncated = None
     for m in msgs:
         if m["role"] != "assistant" or m.get("tool_calls"):
-            # an assistant turn that called tools is kept as given: the recorded tool results answer that call
-            out.append(dict(m))
+            # an assistant turn that called tools is kept as given: the recorded tool results answer that call;
+            # the verifier did not produce it, so prepare does not supervise it (unless asked)
+            out.append({**m, REGENERATED: False} if m["role"] == "assistant" else dict(m))
             if m["role"] == "assistant":
                 turns.append({"kept": "tool_calls"})
                 stats.tool_call_turns_kept += 1
@@ -247,7 +256,8 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
         try:
             reply = await pool.chat(history, prefer=prefer, max_tokens=sampling.max_tokens,
                                     temperature=sampling.temperature, top_p=sampling.top_p,
-                                    seed=request_seed(sampling.seed, conv_id, len(turns)), extra_body=extra)
+                                    seed=request_seed(sampling.seed, conv_id, len(turns)), extra_body=extra,
+                                    tools=tools)
         except ContextTooLongError as e:
             if not turns:
                 return None, {"id": conv_id, "reason": "context_too_long", "detail": str(e)[:300]}
@@ -265,6 +275,7 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             content, reasoning = split_inline_reasoning(content)
         _count_text(stats, tokens, reasoning or "", content,
                     (reply.usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
+        generated_reasoning = bool(reasoning)
         if sampling.reasoning != "keep":
             reasoning = None
         cut = reply.finish_reason == "length"
@@ -277,6 +288,8 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             msg["reasoning_content"] = reasoning
         if reply.tool_calls:
             msg["tool_calls"] = reply.tool_calls
+        if reply.token_ids is not None and not (generated_reasoning and reasoning is None):
+            msg[TOKEN_IDS] = list(reply.token_ids)  # (not where the reasoning was stripped: other text is trained)
         out.append(msg)
         turns.append({"finish_reason": reply.finish_reason, "usage": reply.usage})
         if cut:  # the next question would follow an unfinished answer
@@ -287,10 +300,27 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             break
     while out and out[-1]["role"] != "assistant":  # the question whose answer did not fit
         out.pop()
-    record: dict[str, Any] = {"id": conv_id, "messages": out, "turns": turns, "model": pool.model}
+    record: dict[str, Any] = {"id": conv_id, "messages": out, "turns": turns, "model": pool.model,
+                              **({"tools": tools} if tools else {})}
     if truncated:
         record["truncated"] = truncated
     return record, None
+
+
+def tool_server_args(source: str | Path, model_name: str, model_dir: str | Path | None, thinking_style: str = "auto",
+                     limit: int | None = None, skip_bad_records: bool = False) -> list[str]:
+    """vLLM flags for a server started here to regenerate `source`: the family's tool-call parser when its
+    conversations offer tools (without one, vLLM refuses every request that carries them), else none."""
+    from eagle3_train.assets.conversations import load_conversations
+
+    conversations, _ = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
+    if not any(c.tools for c in conversations):
+        return []
+    style, _ = resolve_style(thinking_style, model_name, model_dir)
+    if not style.tool_server_args():
+        log.warning("the conversations offer tools, but no tool-call parser is known for %s (style %s): pass "
+                    "--vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser=NAME", model_name, style.name)
+    return style.tool_server_args()
 
 
 def openai_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -689,7 +719,7 @@ async def _work(report: _Report, conversations: Any, sampling: Sampling, run: _R
             if conv.id in skip:
                 continue
             record, skipped = await regenerate_conversation(report.pool, conv.id, conv.messages, sampling, stats,
-                                                            style)
+                                                            style, conv.tools)
             if record is not None:
                 out_log.append(record)
                 stats.finished += 1
@@ -742,9 +772,12 @@ def main(args: argparse.Namespace) -> int:
     if not ok:
         raise Eagle3InputError(f"--serve-verifier needs vLLM: {msg}")
     name = s.model or Path(str(s.serve_verifier)).name
-    server = VLLMServer(resolve_verifier(s.serve_verifier), served_model_name=name,
+    verifier_dir = resolve_verifier(s.serve_verifier)
+    server = VLLMServer(verifier_dir, served_model_name=name,
                         max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager, vllm_args=s.vllm_args,
-                        log_path=claim_generate_output(s.out) / SERVER_LOG)
+                        log_path=claim_generate_output(s.out) / SERVER_LOG,
+                        extra_args=tool_server_args(s.data, name, verifier_dir, s.thinking_style, s.limit,
+                                                    s.skip_bad_records))
     with server:
         regenerate(s.data, s.out, endpoints + [server.base_url], name,
                    extra_manifest={"embedded_server": {"verifier": str(s.serve_verifier),

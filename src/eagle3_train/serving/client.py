@@ -180,12 +180,15 @@ class ChatPool:
 
     async def chat(self, messages: list[dict[str, Any]], *, prefer: int | None = None, max_tokens: int = 512,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                   extra_body: dict[str, Any] | None = None) -> ChatReply:
-        """One chat completion; retries transient failures with exponential backoff (jittered)."""
+                   extra_body: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None) -> ChatReply:
+        """One chat completion; retries transient failures with exponential backoff (jittered). `tools`: the
+        functions the model may call (the server needs a tool-call parser to return its calls as `tool_calls`)."""
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                                   "temperature": temperature, "top_p": top_p}
         if seed is not None:
             kwargs["seed"] = seed
+        if tools:
+            kwargs["tools"] = tools
         if extra_body:
             kwargs["extra_body"] = extra_body
 
@@ -262,6 +265,12 @@ class ChatPool:
                                             f"Check --model (and that --endpoint ends in /v1).") from None
                 if is_context_error(status, text):
                     raise ContextTooLongError(text) from None
+                if status == 400 and "tool-call-parser" in text:  # every request with tools would fail the same
+                    raise FatalRequestError(
+                        f"{ep.url} cannot take the conversations' tools: {text}. Start the server with "
+                        f"--enable-auto-tool-choice --tool-call-parser NAME (kimi_k2 for Kimi, hermes for Qwen3, "
+                        f"deepseek_v31 for DeepSeek-V3.1: `eagle3-train generate --help`), so that the model's "
+                        f"new calls come back as tool_calls and not as plain text") from None
                 if status not in (408, 429) and status < 500:
                     raise RequestRejected(f"{status}: {text}") from None
                 error = f"{status}: {text}"
