@@ -288,3 +288,23 @@ def test_a_whole_vocabulary_dry_run_export_holds_no_map_like_the_real_one(tmp_pa
     header = read_safetensors_header(out / "model.safetensors")
     assert "d2t" not in header and "t2d" not in header and "lm_head.weight" in header
     assert check_export_as_engines_read_it(out, fmt, model, (1, 2, 3), 6)
+
+
+def test_the_kimi_config_passes_its_dry_run_on_header_only_stand_ins(kimi, tmp_path, capsys):
+    """configs/kimi-k25-8gpu.yaml, the seed's run, with its hub ids replaced by full-size header-only stand-ins:
+    every section validates, the finetune source is read and fitted, and its layers are the ones extract will tap."""
+    from pathlib import Path
+
+    _, verifier, _ = kimi
+    source = write_aq_medai_draft(tmp_path / "Kimi-K2-Instruct-eagle3")
+    chats = tmp_path / "my_chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": "a"}]}) + "\n")
+    config = Path(__file__).resolve().parents[1] / "configs" / "kimi-k25-8gpu.yaml"
+    rc = cli_main(["run", "--config", str(config), "--dry-run", "--set", f"run_dir={tmp_path / 'run'}",
+                   "--set", f"verifier={verifier}", "--set", f"train.finetune_from={source}",
+                   "--set", f"prepare.data={chats}"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert f"extract taps its layers {list(LAYERS)}" in printed.out, printed.out
+    assert not (tmp_path / "run").exists()
