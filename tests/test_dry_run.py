@@ -308,3 +308,25 @@ def test_the_kimi_config_passes_its_dry_run_on_header_only_stand_ins(kimi, tmp_p
     assert rc == 0, printed.err
     assert f"extract taps its layers {list(LAYERS)}" in printed.out, printed.out
     assert not (tmp_path / "run").exists()
+
+
+def test_an_online_run_whose_server_cannot_sit_beside_training_is_refused(kimi, tmp_path):
+    """`run --dry-run` of an online run that serves the verifier itself: the server's share of the weights (from
+    the index) and the trainer's planned peak must fit one GPU; 595 GB over 8 x 141 GB GPUs beside training do not."""
+    from eagle3_train.pipeline import Pipeline, served_beside_training
+
+    _, verifier, _ = kimi
+    heavy = tmp_path / "Kimi-K2.5"
+    heavy.mkdir()
+    (heavy / "config.json").write_text((verifier / "config.json").read_text())
+    (heavy / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 595_000_000_000},
+                                                                     "weight_map": {}}))
+    config = {"run_dir": str(tmp_path / "run"), "verifier": str(heavy), "train_processes": 8,
+              "prepare": {"max_length": 16384}, "train": {"hidden_states_mode": "online", "ttt_steps": 7}}
+    ctx = Pipeline(config)._context(need="tokenizer")
+    with pytest.raises(Eagle3InputError, match=r"74\.4 GB per GPU over 8 beside the trainer's planned peak"):
+        served_beside_training(ctx, gpu_bytes=141_000_000_000)
+    assert "NOT checked" in served_beside_training(ctx, gpu_bytes=None)
+    roomy = served_beside_training(Pipeline({**config, "prepare": {"max_length": 512}})._context(need="tokenizer"),
+                                   gpu_bytes=288_000_000_000)
+    assert roomy.startswith("  train:") and "fit one GPU" in roomy

@@ -242,7 +242,8 @@ class Pipeline:
                 return [f"  train: {_states_mode(ctx)} mode, states from the servers {tr['endpoint']} (the train dry "
                         f"run asks them)"]
             _check_local_server(f"train.hidden_states_mode is {_states_mode(ctx)}")
-            return [f"  train: {_states_mode(ctx)} mode, states from a vLLM hidden-state server the run starts here"]
+            return [f"  train: {_states_mode(ctx)} mode, states from a vLLM hidden-state server the run starts here",
+                    served_beside_training(ctx)]
         if ext.get("backend") != "vllm":
             return [f"  extract: the verifier runs here (HF backend, device {ext.get('device')})"]
         if ext.get("endpoint"):
@@ -292,6 +293,39 @@ class Pipeline:
         except Eagle3InputError as e:
             return f"would run ({e})"
         return "done (skipped)"
+
+
+def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str:
+    """An online/hybrid run that starts its own server puts it on the training GPUs: the trainer's planned peak per
+    rank plus the server's share of the weights must fit one GPU (`gpu_bytes`; default: this machine's first GPU),
+    else the run is refused before it starts (595 GB of Kimi-K2.5 over 8 GPUs is 74 GB each, beside training)."""
+    from eagle3_train.plan import PlanSettings, plan
+    from eagle3_train.train.config import TrainConfig
+
+    if gpu_bytes is None:
+        import torch
+
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    tr, prep = ctx.cfg["train"], ctx.cfg["prepare"]
+    gpus = train_processes(ctx.cfg.get("train_processes", "auto"))
+    p = plan(PlanSettings(verifier=str(ctx.verifier_dir), samples=1, gpus=gpus,
+                          tokens_per_sample=int(prep.get("max_length") or PrepareSettings.max_length),
+                          token_budget=int(tr.get("token_budget") or TrainConfig.token_budget),
+                          ttt_steps=int(tr.get("ttt_steps") or TrainConfig.ttt_steps),
+                          finetune_from=tr.get("finetune_from"),
+                          source_aux_convention=tr.get("source_aux_convention") or "auto",
+                          gpu_memory_gb=None if gpu_bytes is None else gpu_bytes / 1e9))
+    share = p.modes["online"]["server_memory_per_gpu"]
+    floor = share.get("at_least_bytes")
+    what = (f"the server's weights {floor / 1e9:.1f} GB per GPU over {gpus} beside the trainer's planned peak "
+            f"{p.memory['peak'] / 1e9:.1f} GB" if floor else "the server's weight size is unknown (config only)")
+    if p.modes["online"]["fits"] is False:
+        raise Eagle3InputError(f"train.hidden_states_mode {_states_mode(ctx)} starts the verifier's server on the "
+                               f"training GPUs: {what} exceed one GPU's {gpu_bytes / 1e9:.1f} GB. Run the servers on "
+                               f"other GPUs and give train.endpoint, or train offline (extract first)")
+    if gpu_bytes is None:
+        return f"  NOT checked: {what} against GPU memory (no GPU here)"
+    return f"  train: {what} fit one GPU's {gpu_bytes / 1e9:.1f} GB (before the server's KV cache)"
 
 
 def _check_local_server(setting: str) -> None:
