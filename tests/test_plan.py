@@ -319,6 +319,10 @@ def test_plan_at_the_kimi_users_settings(tmp_path):
     assert p.memory["frozen_embedding"] == 163840 * 7168 * 2 and p.memory["verifier_lm_head"] == 163840 * 7168 * 2
     fp32 = plan(PlanSettings(**base, precision="fp32"))
     assert fp32.memory["frozen_embedding"] == 163840 * 7168 * 4
+    from eagle3_train.plan import FROZEN_BYTES
+    from eagle3_train.train.precision import verifier_tensor_dtype
+
+    assert all(torch.empty((), dtype=verifier_tensor_dtype(p)).element_size() == n for p, n in FROZEN_BYTES.items())
     # the printed draft is MLA, not Llama heads x head_dim
     text = format_plan(p)
     assert "MLA 64 heads (q_lora 1536, kv_lora 512, qk 128+64, v 128)" in text and "x 112" not in text

@@ -26,11 +26,11 @@ from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block
 from eagle3_train.model.verifier_head import chunk_rows
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.precision import verifier_tensor_dtype
 from eagle3_train.utils.io import Eagle3InputError
 
 _TRAIN_DEFAULTS = TrainConfig()
 DEFAULT_DRAFT_VOCAB = 32000  # `eagle3-train vocab`'s default size
+FROZEN_BYTES = {"bf16": 2, "fp32": 4}  # bytes per element of the frozen verifier tensors, by training precision
 # bytes per element of stored hidden states; fp8 adds one fp32 scale per row (per token and per stored state)
 _STORAGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 _FP8_SCALE_BYTES = 4
@@ -357,8 +357,9 @@ def plan(s: PlanSettings) -> Plan:
     draft_cfg, model = build_meta_draft(vcfg, s)
     tied = bool(vcfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     params = count_parameters(model)
-    # the dtype the trainer holds the frozen embedding and lm_head in (train/trainer.py `_setup_model`)
-    frozen_bytes = torch.empty((), dtype=verifier_tensor_dtype(s.precision)).element_size()
+    # the dtype the trainer holds the frozen embedding and lm_head in (`train.precision.verifier_tensor_dtype`,
+    # applied in train/trainer.py `_setup_model`; tests/test_plan.py keeps the two equal)
+    frozen_bytes = FROZEN_BYTES[s.precision]
     H = draft_cfg.aux_hidden_size
     g = _geometry(s)
     tokens = s.samples * s.tokens_per_sample
