@@ -58,9 +58,15 @@ def test_sglang_target_refuses_options_it_ignores(runs, head, vocab_a, tmp_path,
     assert eagle["older_releases_need"] == ["norm_output: vLLM PR #42764"]
     # an MLA draft: SGLang's Eagle3DeepseekV2ForCausalLM, one layer only
     assert SGLANG_LOADERS["mla"].architecture == "Eagle3DeepseekV2ForCausalLM"
-    assert engine_support(mla_config(), "eagle")["sglang"]["serves_as_trained"]
-    two = engine_support(mla_config(num_layers=2), "eagle")["sglang"]
+    from dataclasses import replace
+
+    assert engine_support(replace(mla_config(), aux_layer_ids=(2, 3, 4)), "eagle")["sglang"]["serves_as_trained"]
+    two = engine_support(replace(mla_config(num_layers=2), aux_layer_ids=(2, 3, 4)), "eagle")["sglang"]
     assert not two["serves_as_trained"] and "2 layers" in two["reasons"][0]
+    # its DeepSeek target adds 1 to the eagle_config ids only when the first is 1 (SGLang PR #25454): the export's
+    # [0, 1, 2] (outputs of those layers) would be read as inputs of 0, 1, 2 there
+    early = engine_support(mla_config(), "eagle")["sglang"]  # its taps: inputs of layers 1, 2, 3
+    assert not early["serves_as_trained"] and "one layer early" in early["reasons"][0]
     # the table the docs carry
     doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
     assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.export.engines " \

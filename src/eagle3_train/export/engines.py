@@ -59,7 +59,7 @@ SGLANG_LOADERS: dict[str, SGLangLoader] = {lo.layer: lo for lo in (
                   "norm_before_fc": "has no norm over the concatenated taps (an input_norm weight is skipped with a "
                                     "warning)"},
                  "eagle_config first; its DeepSeek target captures at layer i itself (inputs of layer i) unless the "
-                 "first id is 1, then at i + 1"),
+                 "first id is 1, then at i + 1 (PR #25454, 0.5.13; 0.5.4.post3-0.5.12: always i + 1)"),
 )}
 
 
@@ -107,6 +107,13 @@ def sglang_reasons(cfg: DraftConfig, fmt: str) -> list[str]:
     for option, instead in loader.ignores.items():
         if getattr(cfg, option):
             reasons.append(f"{option}=true: {where} {instead}")
+    nested = [i - 1 for i in cfg.aux_layer_ids]  # what the export writes in eagle_config: outputs of layer i
+    if loader.layer == "mla" and nested and nested[0] != 1:
+        # SGLang 0.5.4.post3-0.5.12 added 1 to every id; #25454 (0.5.13) adds it only when the first id is 1
+        reasons.append(f"aux layers: the export's eagle_config ids {nested} (outputs of those layers = inputs "
+                       f"of {list(cfg.aux_layer_ids)}) are taken by SGLang's DeepSeek target from 0.5.13 on (PR "
+                       f"#25454) as inputs of layers {nested}, since the first id is not 1: one layer early "
+                       f"(0.5.4.post3 to 0.5.12 read them as trained)")
     return reasons
 
 
