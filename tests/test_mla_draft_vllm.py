@@ -9,20 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
-import torch
-from families import build_tiny_verifier
-from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, on_policy_stages
-from vllm_helpers import attention_draft_beside_mla_served, require_vllm
-
-from eagle3_train.evaluate.offline import evaluate_offline
-from eagle3_train.export.exporter import export
-from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
-from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.trainer import train
-from eagle3_train.utils.io import Eagle3InputError
+from test_verifier_families import assert_draft_for_draft, family_draft, family_stages
+from vllm_helpers import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 KINDS = ("mla", "llama")
@@ -30,31 +20,14 @@ KINDS = ("mla", "llama")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, smollm2_dir) -> dict:
+    """Both draft layers on the tiny DeepSeek-V3's stages (shared with test_verifier_families.py, which serves the
+    same draft for its family row: built once per test process)."""
     require_vllm()
-    root = tmp_path_factory.mktemp("mla-draft")
-    verifier = build_tiny_verifier("deepseek_v3", root / "verifier", smollm2_dir)
-    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
-    out: dict = {"root": root, "verifier": verifier, "prompt_ids": prompt_ids, "plain": plain}
+    st = family_stages("deepseek_v3", tmp_path_factory, smollm2_dir)
+    out: dict = {"root": st["root"], "verifier": st["verifier"], "prompt_ids": st["prompt_ids"],
+                 "plain": st["plain"]}
     for kind in KINDS:
-        t0 = time.perf_counter()
-        result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"),
-                                   vocab=str(root / "vocab"), out=str(root / f"train-{kind}"), ttt_steps=K, epochs=4,
-                                   token_budget=1024, lr=2e-3, warmup_ratio=0.05, tensorboard=False,
-                                   architecture=kind, seed=0))
-        export(root / f"train-{kind}", root / f"draft-{kind}", fmt="eagle")
-        server = VLLMServer(verifier, speculative=speculative_config(root / f"draft-{kind}", K), startup_matters=True,
-                            log_path=root / f"vllm-{kind}.log")
-        if kind == "llama" and not attention_draft_beside_mla_served():
-            with pytest.raises(Eagle3InputError, match="cannot serve a draft with ordinary attention beside an MLA "
-                                                       "verifier") as refused:
-                server.start()
-            out[kind] = {"result": result, "train_s": time.perf_counter() - t0, "refused": str(refused.value)}
-            continue
-        with server as spec:
-            served = [complete(spec.base_url, spec.model_name, ids) for ids in prompt_ids]
-        offline = evaluate_offline(root / f"draft-{kind}", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
-                                   dtype=torch.bfloat16, record_rounds=True)
-        out[kind] = {"result": result, "train_s": time.perf_counter() - t0, "served": served, "offline": offline}
+        out[kind] = family_draft("deepseek_v3", kind, tmp_path_factory, smollm2_dir)
     return out
 
 

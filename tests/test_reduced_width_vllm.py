@@ -9,8 +9,7 @@ import json
 
 import pytest
 import torch
-from families import build_tiny_verifier
-from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, on_policy_stages
+from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, family_stages
 from vllm_helpers import require_vllm
 
 from eagle3_train.evaluate.offline import evaluate_offline
@@ -25,23 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, smollm2_dir) -> dict:
     require_vllm()
-    root = tmp_path_factory.mktemp("narrow-draft")
-    verifier = build_tiny_verifier("qwen3", root / "verifier", smollm2_dir)
-    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
+    # the tiny Qwen3's stages, shared with test_verifier_families.py (built once per test process)
+    st = family_stages("qwen3", tmp_path_factory, smollm2_dir)
+    root, verifier, prompts, prompt_ids, plain = (st[k] for k in ("root", "verifier", "prompts", "prompt_ids",
+                                                                  "plain"))
     train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"), vocab=str(root / "vocab"),
-                      out=str(root / "train"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3, warmup_ratio=0.05,
-                      tensorboard=False, hidden_size=32))
-    export(root / "train", root / "draft", fmt="eagle")
-    with VLLMServer(verifier, speculative=speculative_config(root / "draft", K), startup_matters=True,
+                      out=str(root / "train-narrow"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3,
+                      warmup_ratio=0.05, tensorboard=False, hidden_size=32))
+    export(root / "train-narrow", root / "draft-narrow", fmt="eagle")
+    with VLLMServer(verifier, speculative=speculative_config(root / "draft-narrow", K), startup_matters=True,
                     log_path=root / "vllm-narrow.log") as spec:
         served = [complete(spec.base_url, spec.model_name, ids) for ids in prompt_ids]
-    offline = evaluate_offline(root / "draft", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
+    offline = evaluate_offline(root / "draft-narrow", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
                                dtype=torch.float32, record_rounds=True)
     return {"root": root, "plain": plain, "served": served, "offline": offline}
 
 
 def test_vllm_serves_the_narrow_draft_with_its_own_embedding(run):
-    config = json.loads((run["root"] / "draft" / "config.json").read_text())
+    config = json.loads((run["root"] / "draft-narrow" / "config.json").read_text())
     assert (config["hidden_size"], config["target_hidden_size"]) == (32, 64)
     log = (run["root"] / "vllm-narrow.log").read_text()
     assert "Keeping separate embedding weights" in log  # vLLM kept the draft's own embedding

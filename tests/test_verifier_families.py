@@ -14,6 +14,7 @@ bf16 for MLA) so like is compared with like. Figures are printed (`pytest -s`) f
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 from families import build_tiny_verifier
 from transformers import AutoTokenizer
-from vllm_helpers import draft_beside_mla, require_vllm
+from vllm_helpers import attention_draft_beside_mla_served, draft_beside_mla, require_vllm
 
 from eagle3_train import cli
 from eagle3_train.assets.families import family_of
@@ -35,6 +36,7 @@ from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_d
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server, speculative_config
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.trainer import train
+from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.vocab.build import build_vocab
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -111,14 +113,62 @@ def assert_draft_for_draft(served: list[tuple[list[int], dict]], offline: dict, 
     assert len(differing) == sum(v != o for v, o, _ in compared) <= len(compared) // 2, compared
 
 
+# What a family's run builds before its draft (verifier, on-policy data, prepared, vocab, HF states), and its drafts
+# by layer kind, once per test process: test_mla_draft_vllm.py reuses the DeepSeek-V3 ones (the same stages and the
+# same training, which cost minutes each on 2 cores).
+_STAGES: dict[str, dict] = {}
+_DRAFTS: dict[tuple[str, str], dict] = {}
+
+
+def family_stages(family: str, tmp_path_factory, smollm2_dir) -> dict:
+    if family not in _STAGES:
+        root = tmp_path_factory.mktemp(family)
+        verifier = build_tiny_verifier(family, root / "verifier", smollm2_dir)
+        prompts, prompt_ids, plain = on_policy_stages(verifier, root)
+        _STAGES[family] = {"root": root, "verifier": verifier, "prompts": prompts, "prompt_ids": prompt_ids,
+                           "plain": plain}
+    return _STAGES[family]
+
+
+def family_draft(family: str, kind: str, tmp_path_factory, smollm2_dir) -> dict:
+    """A `kind`-layer draft trained on the family's stages, exported, served beside its verifier (greedy, with the
+    counters of each prompt) and judged offline: {"result", "train_s", "served", "offline"}, or {"result",
+    "train_s", "refused"} where this CPU's vLLM refuses to serve it (the refusal raised is the check)."""
+    if (family, kind) in _DRAFTS:
+        return _DRAFTS[(family, kind)]
+    st = family_stages(family, tmp_path_factory, smollm2_dir)
+    root, verifier = st["root"], st["verifier"]
+    dtype = family_of(json.loads((verifier / "config.json").read_text())).cpu_dtype
+    t0 = time.perf_counter()
+    result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"),
+                               vocab=str(root / "vocab"), out=str(root / f"train-{kind}"), ttt_steps=K, epochs=4,
+                               token_budget=1024, lr=2e-3, warmup_ratio=0.05, tensorboard=False, architecture=kind,
+                               seed=0))
+    export(root / f"train-{kind}", root / f"draft-{kind}", fmt="eagle")
+    server = VLLMServer(verifier, speculative=speculative_config(root / f"draft-{kind}", K), startup_matters=True,
+                        log_path=root / f"vllm-{kind}.log")
+    if family == "deepseek_v3" and kind == "llama" and not attention_draft_beside_mla_served():
+        with pytest.raises(Eagle3InputError, match="cannot serve a draft with ordinary attention beside an MLA "
+                                                   "verifier") as refused:
+            server.start()
+        out = {"result": result, "train_s": time.perf_counter() - t0, "refused": str(refused.value)}
+    else:
+        with server as spec:
+            served = [complete(spec.base_url, spec.model_name, ids) for ids in st["prompt_ids"]]
+        offline = evaluate_offline(root / f"draft-{kind}", verifier, st["prompts"], k=K, max_new_tokens=MAX_TOKENS,
+                                   dtype=getattr(torch, dtype), record_rounds=True)
+        out = {"result": result, "train_s": time.perf_counter() - t0, "served": served, "offline": offline}
+    _DRAFTS[(family, kind)] = out
+    return out
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def run(request, tmp_path_factory, smollm2_dir) -> dict:
     require_vllm()
     family = request.param
-    root = tmp_path_factory.mktemp(family)
-    verifier = build_tiny_verifier(family, root / "verifier", smollm2_dir)
+    st = family_stages(family, tmp_path_factory, smollm2_dir)
+    root, verifier, prompt_ids, plain = st["root"], st["verifier"], st["prompt_ids"], st["plain"]
     dtype = family_of(json.loads((verifier / "config.json").read_text())).cpu_dtype
-    prompts, prompt_ids, plain = on_policy_stages(verifier, root)
     with hidden_states_server(verifier, storage_dir=root / "hs", log_path=root / "vllm-hs.log") as srv:
         assert cli.main(["extract", "--backend", "vllm", "--endpoint", srv.base_url, "--prepared",
                          str(root / "prepared"), "--verifier", str(verifier), "--out", str(root / "vllm"),
@@ -126,18 +176,10 @@ def run(request, tmp_path_factory, smollm2_dir) -> dict:
         server_dtype = srv.dtype
     # beside an MLA verifier, a Llama-layer draft where vLLM serves one on this CPU (test_mla_draft_vllm.py covers
     # both layers and the refusal)
-    architecture = draft_beside_mla() if family == "deepseek_v3" else "llama"
-    train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"), vocab=str(root / "vocab"),
-                      out=str(root / "train"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3,
-                      warmup_ratio=0.05, tensorboard=False, architecture=architecture))
-    export(root / "train", root / "draft", fmt="eagle")
-    with VLLMServer(verifier, speculative=speculative_config(root / "draft", K), startup_matters=True,
-                    log_path=root / "vllm-eagle3.log") as spec:
-        served = [complete(spec.base_url, spec.model_name, ids) for ids in prompt_ids]
-    offline = evaluate_offline(root / "draft", verifier, prompts, k=K, max_new_tokens=MAX_TOKENS,
-                               dtype=getattr(torch, dtype), record_rounds=True)
+    draft = family_draft(family, draft_beside_mla() if family == "deepseek_v3" else "llama", tmp_path_factory,
+                         smollm2_dir)
     return {"family": family, "root": root, "verifier": verifier, "dtype": dtype, "server_dtype": server_dtype,
-            "prompt_ids": prompt_ids, "served": served, "plain": plain, "offline": offline}
+            "prompt_ids": prompt_ids, "served": draft["served"], "plain": plain, "offline": draft["offline"]}
 
 
 def test_both_extract_backends_store_the_same_states_token_by_token(run):
