@@ -18,6 +18,7 @@ from test_kimi_tokenizer import CONVERSATION
 from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train import cli
+from eagle3_train.assets.conversations import REGENERATED
 from eagle3_train.data.prepare import load_prepared, prepare
 from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.evaluate.pipeline_eval import served_acceptance
@@ -154,9 +155,13 @@ def test_an_agentic_trace_is_regenerated_around_its_recorded_tool_calls(kimi):
     assert kimi["thinking"]["agentic"]["this_run"]["tool_call_turns_kept"] == 1
     (record,) = recover_jsonl(root / "agentic-regenerated" / "conversations.jsonl")[0]
     source = CONVERSATION["messages"]
-    assert record["messages"][:4] == source[:4]  # the call (with its reasoning) and its result, as recorded
+    # the call (with its reasoning) and its result, as recorded; the call marked as not the verifier's own
+    assert [{k: v for k, v in m.items() if k != REGENERATED} for m in record["messages"][:4]] == source[:4]
+    assert [m.get(REGENERATED) for m in record["messages"][:4]] == [None, None, False, None]
     assert record["turns"][0] == {"kept": "tool_calls"} and "usage" in record["turns"][1]  # the answer: regenerated
     assert record["messages"][4]["role"] == "assistant" and "tool_calls" not in record["messages"][4]
     prepare(root / "agentic-regenerated", kimi["verifier"], root / "agentic-regenerated-prepared", max_length=512,
             val_count=0, trust_remote_code=True)
     assert load_prepared(root / "agentic-regenerated-prepared")[0]["train"]
+    manifest = json.loads((root / "agentic-regenerated-prepared" / "manifest.json").read_text())
+    assert manifest["counts"]["kept_turns_unsupervised"] == 1  # the recorded call: context, not a target
