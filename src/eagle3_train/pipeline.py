@@ -78,7 +78,7 @@ def _finetune_source_checks(ctx: RunContext) -> list[str]:
     from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
     from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
 
-    convention = ctx.cfg["train"].get("source_aux_convention") or "auto"
+    convention = _aux_convention(ctx)
     loaded = load_draft_source(source, shapes_only=True, aux_convention=convention)
     fill_default_aux_ids(loaded.config, verifier_dims(ctx.verifier.config)[2])
     check_draft_fits_verifier(loaded.config, ctx.verifier.config, f"train.finetune_from {source}", ctx.verifier.name,
@@ -313,7 +313,7 @@ def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str
                           token_budget=int(tr.get("token_budget") or TrainConfig.token_budget),
                           ttt_steps=int(tr.get("ttt_steps") or TrainConfig.ttt_steps),
                           finetune_from=tr.get("finetune_from"),
-                          source_aux_convention=tr.get("source_aux_convention") or "auto",
+                          source_aux_convention=_aux_convention(ctx),
                           gpu_memory_gb=None if gpu_bytes is None else gpu_bytes / 1e9))
     share = p.modes["online"]["server_memory_per_gpu"]
     floor = share.get("at_least_bytes")
@@ -458,11 +458,16 @@ def _vocab_run(ctx: RunContext, _v: str | None) -> Any:
 _EXTRACT_TRANSPORT = ("endpoint", "model", "concurrency", "hidden_states_dir")
 
 
+def _aux_convention(ctx: RunContext) -> str:
+    """train.source_aux_convention: how the finetune source's aux ids are meant (extract reads the source the same)."""
+    return ctx.cfg["train"].get("source_aux_convention") or "auto"
+
+
 def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     key = {**_section(ctx, "extract", *_EXTRACT_TRANSPORT), "prepared": ctx.keys["prepare"],
            "verifier": ctx.verifier_key, "layers_of": ctx.cfg["train"].get("finetune_from")}
-    if (ctx.cfg["train"].get("source_aux_convention") or "auto") != "auto":  # the user's reading of the source's ids
-        key["layers_convention"] = ctx.cfg["train"]["source_aux_convention"]
+    if _aux_convention(ctx) != "auto":  # the user's reading of the source's ids
+        key["layers_convention"] = _aux_convention(ctx)
     return key | (_with_serving(ctx) if ctx.cfg["extract"].get("backend") == "vllm" else {})
 
 
@@ -485,7 +490,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     # A finetune trains on its source's layers: extract those (as `extract --finetune-from` does), not the default
     # ones the train stage would refuse after the whole extraction.
     cfg["finetune_from"] = ctx.cfg["train"].get("finetune_from")
-    cfg["source_aux_convention"] = ctx.cfg["train"].get("source_aux_convention") or "auto"
+    cfg["source_aux_convention"] = _aux_convention(ctx)
     out = ctx.run_dir / "hidden_states"
     kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
     ext = ctx.cfg["extract"]

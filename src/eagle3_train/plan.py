@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from eagle3_train.model.architectures import architecture_of
-from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block
+from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block, describe_mla
 from eagle3_train.model.verifier_head import chunk_rows
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.io import Eagle3InputError
@@ -332,7 +332,7 @@ def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
     return b + 4 * _FP8_SCALE_BYTES if dtype == "fp8" else b
 
 
-def _from_source(s: PlanSettings, num_layers: int) -> PlanSettings:
+def _from_source(s: PlanSettings, num_layers: int) -> tuple[PlanSettings, int]:
     """The settings with the finetune source's architecture, aux layers and (unless a draft vocabulary size is given:
     a rebuild) its vocabulary: what `train --finetune-from` builds and `extract --finetune-from` taps. The source's
     own vocabulary size comes back for the notes."""
@@ -577,11 +577,8 @@ def _n(n: int) -> str:
 def format_plan(p: Plan) -> str:
     s, d, pr, hs, m, b = p.settings, p.draft, p.parameters, p.hidden_states, p.memory, p.batch
     v = p.verifier
-    if d.get("architecture") == "mla":
-        attention = (f"MLA {d['num_attention_heads']} heads (q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']}, "
-                     f"qk {d['qk_nope_head_dim']}+{d['qk_rope_head_dim']}, v {d['v_head_dim']})")
-    else:
-        attention = f"heads {d['num_attention_heads']}/{d['num_key_value_heads']} x {d['head_dim']}"
+    attention = describe_mla(d) if d.get("architecture") == "mla" else \
+        f"heads {d['num_attention_heads']}/{d['num_key_value_heads']} x {d['head_dim']}"
     lines = [
         f"verifier  {v['config']}: {v['model_type']} {v['architectures']}, hidden {v['hidden_size']}, "
         f"{v['num_hidden_layers']} layers, vocab {v['vocab_size']}",

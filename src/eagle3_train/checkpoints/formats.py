@@ -59,10 +59,11 @@ def nested_convention(config: dict[str, Any], raw_names: Any, choice: str = "aut
         raise Eagle3InputError(f"source_aux_convention must be one of {', '.join(AUX_CONVENTIONS)}, got {choice!r}")
     if choice != "auto":
         return choice
-    vllm_names = not any(str(k).startswith("midlayer.") for k in raw_names)
-    if "_torchspec_version" in config:
-        return "vllm" if vllm_names and config.get("model_type") == "kimi_k2" else "sglang"
-    return AMBIGUOUS if vllm_names and config.get("model_type") == "kimi_k2" else "sglang"
+    kimi_vllm_names = config.get("model_type") == "kimi_k2" and not any(
+        str(k).startswith("midlayer.") for k in raw_names)
+    if not kimi_vllm_names:
+        return "sglang"
+    return "vllm" if "_torchspec_version" in config else AMBIGUOUS
 _SMALL = ("d2t", "t2d")  # read for real even when only shapes are asked for
 _ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,

@@ -21,6 +21,7 @@ import torch
 
 from eagle3_train.checkpoints.formats import AmbiguousAuxIds, load_draft_source, source_summary
 from eagle3_train.export.engines import engine_support, format_support
+from eagle3_train.model.config import describe_mla
 from eagle3_train.utils.io import sha256_file
 
 MAX_DEPTH = 100  # a lineage longer than this is a cycle in hand-edited metadata
@@ -119,11 +120,8 @@ def format_report(info: dict[str, Any]) -> str:
     if s.get("architectures"):
         lines.append(f"  architectures: {', '.join(s['architectures'])}"
                      + (f" (speculators {s['speculators_version']})" if s.get("speculators_version") else ""))
-    if s.get("architecture") == "mla":
-        attention = (f"MLA {s['num_attention_heads']} heads (q_lora {s['q_lora_rank']}, kv_lora {s['kv_lora_rank']}, "
-                     f"qk {s['qk_nope_head_dim']}+{s['qk_rope_head_dim']}, v {s['v_head_dim']})")
-    else:
-        attention = f"{s['num_attention_heads']} heads / {s['num_key_value_heads']} kv heads x {s['head_dim']}"
+    attention = describe_mla(s) if s.get("architecture") == "mla" else \
+        f"{s['num_attention_heads']} heads / {s['num_key_value_heads']} kv heads x {s['head_dim']}"
     lines.append(f"  shape: hidden {s['hidden_size']}, {s['num_layers']} layer(s), intermediate "
                  f"{s['intermediate_size']}, {attention}, rope_theta {s['rope_theta']}"
                  + (f", rope_scaling {s['rope_scaling']}" if s.get("rope_scaling") else ""))

@@ -16,6 +16,11 @@ from eagle3_train.utils.io import atomic_path
 log = logging.getLogger(__name__)
 
 
+def _jsonl_record(conv, messages: list[dict[str, Any]]) -> str:
+    """One conversation as a messages-JSONL line, with its tools."""
+    return json.dumps({"id": conv.id, "messages": messages, **({"tools": conv.tools} if conv.tools else {})}) + "\n"
+
+
 def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, skip_bad_records: bool = False
               ) -> Path:
     """Write the source's conversations, cut after `max_turns` user turns, as messages JSONL."""
@@ -31,8 +36,7 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, sk
                     if users > max_turns:
                         break
                 kept.append(m)
-            f.write(json.dumps({"id": conv.id, "messages": kept, **({"tools": conv.tools} if conv.tools else {})})
-                    + "\n")
+            f.write(_jsonl_record(conv, kept))
     if info.bad_records:
         log.warning("%s: skipped bad records %s (first: %s)", source, info.bad_records, info.bad_record_examples)
     return out_file
@@ -86,7 +90,6 @@ def mix_with_originals(source: str, generated: Path, out_file: Path, limit: int 
         original = 0
         for conv in conversations:
             if conv.id not in done:
-                f.write(json.dumps({"id": conv.id, "messages": conv.messages,
-                                    **({"tools": conv.tools} if conv.tools else {})}) + "\n")
+                f.write(_jsonl_record(conv, conv.messages))
                 original += 1
     return {"regenerated": regenerated, "original": original}

@@ -275,7 +275,7 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             content, reasoning = split_inline_reasoning(content)
         _count_text(stats, tokens, reasoning or "", content,
                     (reply.usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
-        generated_reasoning = bool(reasoning)
+        stripped = bool(reasoning) and sampling.reasoning != "keep"  # generated reasoning that is not trained
         if sampling.reasoning != "keep":
             reasoning = None
         cut = reply.finish_reason == "length"
@@ -288,7 +288,7 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
             msg["reasoning_content"] = reasoning
         if reply.tool_calls:
             msg["tool_calls"] = reply.tool_calls
-        if reply.token_ids is not None and not (generated_reasoning and reasoning is None):
+        if reply.token_ids is not None and not stripped:
             msg[TOKEN_IDS] = list(reply.token_ids)  # (not where the reasoning was stripped: other text is trained)
         out.append(msg)
         turns.append({"finish_reason": reply.finish_reason, "usage": reply.usage})

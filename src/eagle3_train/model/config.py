@@ -23,6 +23,12 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
 MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
+def describe_mla(d: dict) -> str:
+    """An MLA layer's attention in one phrase, from a dict holding its head count and MLA_DIMS (plan, inspect)."""
+    return (f"MLA {d['num_attention_heads']} heads (q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']}, "
+            f"qk {d['qk_nope_head_dim']}+{d['qk_rope_head_dim']}, v {d['v_head_dim']})")
+
+
 @dataclass
 class DraftConfig:
     hidden_size: int
