@@ -1,7 +1,9 @@
 """Our own checkpoints and training run directories: how `train` stores a draft and how every stage finds it.
 
-A checkpoint directory holds `model.safetensors` (trainable weights, float32), `draft_config.json`,
-`training_metadata.json` and, for resumable ones, `training_state.pt`. A run directory holds `final/`,
+A checkpoint directory holds `model.safetensors` (trainable weights, whole, float32), `draft_config.json`,
+`training_metadata.json` and, for resumable ones, `training_state.pt` (progress, schedule, RNG per rank) and
+`optimizer/` (the optimizer states as torch.distributed.checkpoint writes them, one file per rank:
+train/parallel.py). A run directory holds `final/`,
 `checkpoints/step-N/`, `checkpoints/best/` and the pointer `checkpoints/latest.json`.
 
 Python API: `save_checkpoint(dir, model, state, metadata)`, `load_draft(dir, embed=None) -> Eagle3Draft`,
@@ -16,6 +18,7 @@ import errno
 import pickle
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,17 +75,24 @@ def load_training_state(path: Path) -> dict[str, Any]:
                                f"new --out") from None
 
 
-def save_weights(model: Eagle3Draft, directory: Path) -> None:
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.trainable_state_dict().items()}
+def save_weights(model: Eagle3Draft, directory: Path, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """`weights`: the trainable state gathered whole (a sharded run's); default: `model`'s own."""
+    tensors = {k: v.detach().to("cpu").contiguous()
+               for k, v in (model.trainable_state_dict() if weights is None else weights).items()}
     tensors = {k: (v.float() if v.is_floating_point() else v) for k, v in tensors.items()}
     save_safetensors(tensors, directory / WEIGHTS, metadata={"format": "pt", "producer": "eagle3-train"})
 
 
 def save_checkpoint(directory: Path, model: Eagle3Draft, training_state: dict[str, Any] | None,
-                    metadata: dict[str, Any]) -> Path:
-    """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint."""
+                    metadata: dict[str, Any], weights: dict[str, torch.Tensor] | None = None,
+                    shards: Callable[[Path], None] | None = None) -> Path:
+    """Write a checkpoint directory atomically (temp dir + rename): a kill never leaves a half checkpoint.
+    `weights`: the trainable state gathered whole (default: `model`'s); `shards(tmp)`: writes the ranks' shards of
+    the optimizer state into the temporary directory (every rank takes part) before it is renamed."""
     with atomic_dir(directory, "checkpoint", "checkpoint directory", is_checkpoint) as tmp:
-        save_weights(model, tmp)
+        if shards is not None:
+            shards(tmp)
+        save_weights(model, tmp, weights)
         model.config.save(tmp / CONFIG)
         if training_state is not None:
             try:

@@ -20,7 +20,7 @@ RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
     "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "overwrite", "stop_after",
     "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run", "endpoint",
-    "served_model", "prefetch", "online_concurrency", "hidden_states_dir"})
+    "served_model", "prefetch", "online_concurrency", "hidden_states_dir", "parallel", "offload_optimizer"})
 
 
 # Options retired after they measured no gain (benchmarks/LOG.md, "Retired training options"), each with the value
@@ -96,6 +96,14 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16"] = setting(
         "auto", "fp32, or bf16 (autocast, fp32 master weights); auto = bf16 where the hardware has it natively (CUDA, "
         "CPUs with AVX512-BF16/AMX), else fp32")
+    parallel: Literal["auto", "ddp", "fsdp"] = setting(
+        "auto", "under torchrun: ddp (torch's DistributedDataParallel: every rank holds the whole draft and its "
+        "optimizer states) or fsdp (FSDP2 fully_shard: weights, gradients and AdamW states divided over the ranks, "
+        "each unit gathered for its compute, bf16 on the wire under bf16); auto = fsdp where the replicated "
+        "training state would take over half a GPU, else ddp (`eagle3-train plan` shows both); a run resumes "
+        "under either, on any number of processes dividing its micro-batches per step")
+    offload_optimizer: bool = setting(False, "parallel fsdp: keep the sharded fp32 weights, gradients and optimizer "
+                                             "states in CPU memory (FSDP2's CPUOffloadPolicy; the step runs on CPU)")
     release_host_memory: bool = setting(
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")

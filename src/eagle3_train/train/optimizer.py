@@ -62,14 +62,19 @@ class DraftOptimizer:
         """The AdamW group's current learning rate (the one `train.lr` sets)."""
         return self.schedulers[0].get_last_lr()[0]
 
-    def state_dict(self) -> dict[str, Any]:
-        """`optimizer`/`scheduler` (AdamW, as in checkpoints before Muon) and `muon_*` for the Muon group."""
-        state: dict[str, Any] = {}
-        for prefix, o, s in zip(STATE_PREFIXES, self.optimizers, self.schedulers):
-            state[f"{prefix}optimizer"], state[f"{prefix}scheduler"] = o.state_dict(), s.state_dict()
-        return state
+    def scheduler_state_dict(self) -> dict[str, Any]:
+        """The schedules alone (the optimizer states go through torch.distributed.checkpoint: train/parallel.py)."""
+        return {f"{prefix}scheduler": s.state_dict() for prefix, s in zip(STATE_PREFIXES, self.schedulers)}
+
+    def load_scheduler_state_dict(self, state: dict[str, Any], where: str) -> None:
+        for prefix, s in zip(STATE_PREFIXES, self.schedulers):
+            if f"{prefix}scheduler" not in state:
+                raise Eagle3InputError(f"cannot resume from {where}: its training state has no {prefix}scheduler "
+                                       f"(it was trained with another train.optimizer)")
+            s.load_state_dict(state[f"{prefix}scheduler"])
 
     def load_state_dict(self, state: dict[str, Any], where: str) -> None:
+        """A checkpoint written before the optimizer states moved to `optimizer/` (both in training_state.pt)."""
         for prefix, o, s in zip(STATE_PREFIXES, self.optimizers, self.schedulers):
             if f"{prefix}optimizer" not in state:
                 raise Eagle3InputError(f"cannot resume from {where}: its training state has no {prefix}optimizer "

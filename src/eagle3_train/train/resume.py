@@ -11,14 +11,21 @@ from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
 
 
-def check_resumable(cfg: TrainConfig, inputs: RunInputs, latest: Path) -> dict[str, Any]:
+def check_resumable(cfg: TrainConfig, inputs: RunInputs, latest: Path, world_size: int = 1) -> dict[str, Any]:
     """The training metadata of checkpoint `latest`, once its settings (those that shape the result), prepared data,
-    hidden states and run vocabulary are found to be this run's; otherwise an error naming every difference."""
+    hidden states and run vocabulary are found to be this run's; otherwise an error naming every difference.
+    grad_accum may differ where the processes differ and grad_accum x processes (one step's micro-batches) does
+    not."""
     prev = ckpt.read_metadata(latest)
     if prev is None:
         raise Eagle3InputError(f"checkpoint {latest} has no {ckpt.METADATA}: it cannot be resumed (train into a new "
                                f"--out, or start over with --overwrite)")
-    conflicts = cfg.resume_conflicts(prev.get("settings", {}))
+    settings = dict(prev.get("settings") or {})
+    then_world = (prev.get("run") or {}).get("world_size")
+    if isinstance(then_world, int) and isinstance(settings.get("grad_accum"), int) \
+            and settings["grad_accum"] * then_world == cfg.grad_accum * world_size:
+        settings["grad_accum"] = cfg.grad_accum  # the same micro-batches per step over another number of ranks
+    conflicts = cfg.resume_conflicts(settings)
     hashes = {"prepared data": (prev.get("data", {}).get("prepared_manifest_sha256"),  # (then, now)
                                 inputs.prepared_manifest_sha256),
               "hidden states": (prev.get("data", {}).get("hidden_states_manifest_sha256"),

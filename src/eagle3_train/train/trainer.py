@@ -1,8 +1,9 @@
 """`eagle3-train train`: training-time-test training (or finetuning) of an EAGLE-3 draft on extracted hidden states.
 
 Python API: `train(TrainConfig) -> dict` (final metrics and paths). Works single-process or under
-`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA), in every hidden-state mode
-(offline, online, hybrid: each rank fetches its own micro-batches).
+`torchrun --nproc-per-node N -m eagle3_train.cli train ...` (gloo on CPU, NCCL on CUDA) with torch's DDP or FSDP2
+(`train.parallel`, train/parallel.py), in every hidden-state mode (offline, online, hybrid: each rank fetches its own
+micro-batches).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
 from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.data import TrainingSamples, open_samples, open_validation
+from eagle3_train.train.data import Batch, TrainingSamples, open_samples, open_validation
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
@@ -29,16 +30,17 @@ from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, timing_r
 from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
+from eagle3_train.train.parallel import OPTIMIZER_DIR, TTTModule, choose_engine, make_engine
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.resume import check_resumable
 from eagle3_train.train.targets import verifier_targets
-from eagle3_train.train.ttt import StepSums, supervised_counts, ttt_forward
+from eagle3_train.train.ttt import StepSums, supervised_counts
 from eagle3_train.utils.distributed import (
-    all_reduce_gradients,
+    all_gather_object,
+    all_reduce_max,
     all_reduce_sum_,
     barrier,
-    broadcast_parameters,
     destroy,
     init_device,
 )
@@ -62,6 +64,7 @@ class Trainer:
         self._setup_device()
         self._setup_model()
         self._setup_data()
+        self._setup_parallel()
         self._setup_optimizer()
         self._setup_state()
 
@@ -69,7 +72,29 @@ class Trainer:
         """This process's rank (torchrun) and device, and the precision it resolves to there."""
         self.info, self.device = init_device(self.cfg.device)
         self.precision = resolve_precision(self.cfg.precision, self.device)
+        if self.cfg.resume:
+            self._keep_global_batch()
 
+    def _keep_global_batch(self) -> None:
+        """Resumed on another number of processes: grad_accum x world size (the micro-batches of one optimizer step)
+        is kept, so the run goes on with the same steps over the same data in the same order."""
+        latest = ckpt.latest_checkpoint(self.out) if self.out.is_dir() else None
+        run = ((ckpt.read_metadata(latest) or {}).get("run") or {}) if latest is not None else {}
+        before = ((ckpt.read_metadata(latest) or {}).get("settings") or {}) if latest is not None else {}
+        world, accum = run.get("world_size"), before.get("grad_accum")
+        if not isinstance(world, int) or not isinstance(accum, int) or world == self.info.world_size:
+            return
+        per_step = world * accum
+        if per_step % self.info.world_size:
+            raise Eagle3InputError(
+                f"cannot resume {latest} on {self.info.world_size} processes: it trained {world} x grad_accum "
+                f"{accum} = {per_step} micro-batches per step, which {self.info.world_size} processes cannot share "
+                f"evenly; resume on a number of processes dividing {per_step}")
+        new = per_step // self.info.world_size
+        if new != self.cfg.grad_accum:
+            log.warning("resuming a run of %d processes on %d: grad_accum %d -> %d keeps its %d micro-batches per "
+                        "step (the same data order)", world, self.info.world_size, self.cfg.grad_accum, new, per_step)
+            self.cfg.grad_accum = new
     def _setup_model(self) -> None:
         """The run's inputs, the draft (built, or a finetune source read, checked, then loaded into a draft of its own
         architecture), the frozen tensors in their dtype, everything on the device and the same on every rank."""
@@ -82,8 +107,6 @@ class Trainer:
             self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(self.device)
-        broadcast_parameters(self.model, self.info)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
         """This rank's share of the training and validation samples, and the steps they make."""
@@ -98,13 +121,21 @@ class Trainer:
         self.steps_per_epoch = max(1, n_batches // self.micro_per_step)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
 
+    def _setup_parallel(self) -> None:
+        """The objective a batch is trained on, and the data-parallel engine that runs it (train/parallel.py)."""
+        cfg = self.cfg
+        self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
+        self.noise = FeatureNoise(cfg.noise)  # training batches only
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.parallel = choose_engine(cfg.parallel, self.info, self.device, trainable * 16.0)  # fp32 w, g, m, v
+        self.engine = make_engine(self.parallel, TTTModule(self.model, self.objective), self.info, self.device,
+                                  self.precision, cfg.optimizer, cfg.offload_optimizer)
+
     def _setup_optimizer(self) -> None:
-        """The optimizer and its schedule, and the objective a batch is trained on."""
+        """The optimizer (over the engine's parameters: each rank's shards under FSDP) and its schedule."""
         cfg = self.cfg
         self.optimizer = DraftOptimizer(self.model, cfg,
                                         lr_lambda(self.total_steps, cfg.warmup_ratio, cfg.min_lr_ratio))
-        self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
-        self.noise = FeatureNoise(cfg.noise)  # training batches only
 
     def _setup_state(self) -> None:
         """Progress and bookkeeping of a run that has not trained yet (a resume overwrites them)."""
@@ -136,7 +167,7 @@ class Trainer:
                               source={**self.train_data.source.identity(),  # mode, servers
                                       "skipped_samples": self.skipped_samples()},
                               compute={"device": str(self.device), "precision": self.precision,
-                                       "host_malloc": self.host_malloc})
+                                       "parallel": self.engine.name, "host_malloc": self.host_malloc})
 
     def skipped_samples(self) -> int:
         """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
@@ -144,21 +175,31 @@ class Trainer:
         return self.skipped_before + self.skipped_now
 
 
-    def training_state(self) -> dict[str, Any]:
-        return {**self.optimizer.state_dict(),
+    def training_state(self, rng_ranks: list[Any]) -> dict[str, Any]:
+        """What a resume needs besides the weights and the optimizer states (`optimizer/`): progress, the
+        schedules, every rank's RNG (`rng`: rank 0's, as before there were ranks' own)."""
+        return {**self.optimizer.scheduler_state_dict(),
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "tokens_seen": self.tokens_seen, "best": self.best, "rng": ckpt.rng_state(),
+                "tokens_seen": self.tokens_seen, "best": self.best, "rng": rng_ranks[0], "rng_ranks": rng_ranks,
+                "world_size": self.info.world_size, "grad_accum": self.cfg.grad_accum,
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
                 "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
                 "metrics_lines": self.metrics.lines}
 
     def save(self, reason: str) -> None:
+        """A resumable checkpoint; every rank takes part (weights gathered, optimizer shards written by each)."""
+        weights = self.engine.full_state_dict()
+        optim = self.engine.optimizer_state_dict(self.optimizer.optimizers)
+        rng_ranks = all_gather_object(ckpt.rng_state(), self.info)
         if self.info.is_main:
             d = ckpt.save_checkpoint(self.out / "checkpoints" / f"step-{self.step:07d}", self.model,
-                                     self.training_state(), self.metadata("running"))
+                                     self.training_state(rng_ranks), self.metadata("running"), weights=weights,
+                                     shards=lambda tmp: self.engine.save_optimizer(tmp, optim))
             ckpt.mark_latest(self.out, d)
             ckpt.prune(self.out, self.cfg.keep_last)
             log.info("saved %s (%s)", d, reason)
+        else:
+            self.engine.save_optimizer(None, optim)
         barrier(self.info)
         self.last_save = time.monotonic()
 
@@ -175,16 +216,28 @@ class Trainer:
         latest = ckpt.latest_checkpoint(self.out)
         if latest is None:
             return False
-        prev = check_resumable(self.cfg, self.inputs, latest)
+        prev = check_resumable(self.cfg, self.inputs, latest, self.info.world_size)
         state = ckpt.load_training_state(latest / ckpt.STATE)
         src = ckpt.load_draft(latest, embed=self.inputs.embed)
         if src.config.to_dict() != self.model.config.to_dict():
             raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
-        self.model.load_state_dict(src.state_dict())
-        self.optimizer.load_state_dict(state, str(latest))
+        self.engine.load_full_state_dict(src.trainable_state_dict())
+        if (latest / OPTIMIZER_DIR).is_dir():
+            self.engine.load_optimizer(latest, self.optimizer.optimizers)
+            self.optimizer.load_scheduler_state_dict(state, str(latest))
+        elif self.engine.name == "fsdp":
+            raise Eagle3InputError(f"cannot resume {latest} under train.parallel fsdp: it was written before "
+                                   f"optimizer states were sharded ({OPTIMIZER_DIR}/ missing); resume it with "
+                                   f"train.parallel ddp")
+        else:
+            self.optimizer.load_state_dict(state, str(latest))
         for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
             setattr(self, k, state[k])
-        ckpt.set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks") or [state["rng"]]
+        if len(ranks) != self.info.world_size:
+            log.warning("resumed on %d processes from a run of %d: ranks without a saved RNG state take rank 0's "
+                        "(only train.noise draws from it)", self.info.world_size, len(ranks))
+        ckpt.set_rng_state(ranks[self.info.rank] if self.info.rank < len(ranks) else ranks[0])
         self.skipped_before = int(state.get("skipped_samples", 0))
         self.validated_step = int(state.get("validated_step", -1))
         self.init_record = prev.get("init", self.init_record)
@@ -201,7 +254,20 @@ class Trainer:
             targets = verifier_targets(batch.final, batch.loss_mask, self.inputs.lm_head_on(self.device),
                                        self.model.draft_token_ids(), self.model.t2d, self.inputs.logit_transform,
                                        full_argmax=batch.verifier_argmax, full_lse=batch.verifier_lse)
-            return ttt_forward(self.model, batch, targets, self.objective, denominators)
+            return self.engine.module(batch, targets, denominators)
+
+    def _idle_batch(self) -> Batch:
+        """A batch that supervises nothing: a rank short of micro-batches (the source skipped all of one) runs it,
+        so every rank takes part in the same number of forward passes and gradient reductions."""
+        aux = self.model.config.aux_hidden_size
+        return Batch(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.bool),
+                     torch.zeros(1, 4, 3 * aux), torch.zeros(1, 4, self.inputs.lm_head.shape[1]),
+                     torch.tensor([4]))
+
+    def _padded(self, batches: list) -> list:
+        """`batches`, then idle ones up to the most any rank has (real batches first, so the last reduces)."""
+        most = int(all_reduce_max(torch.tensor([len(batches)], dtype=torch.float64), self.info).item())
+        return batches + [None] * (most - len(batches))
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
@@ -228,21 +294,24 @@ class Trainer:
         for b in batches:
             denom += supervised_counts(b.loss_mask, cfg.ttt_steps).cpu()  # batches may already sit on the GPU
         all_reduce_sum_(denom, self.info)
-        self.model.train()
+        self.engine.module.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = StepSums(cfg.ttt_steps)
         tokens = 0
-        for b in batches:
-            b = self.noise(b.to(self.device, torch.float32))  # training batches only
-            loss, s = self._forward(b, denom.to(self.device))
-            loss.backward()
-            sums.add(s)
-            tokens += b.num_tokens
-        all_reduce_gradients(self.params, self.info)
+        padded = self._padded(batches)
+        for i, b in enumerate(padded):
+            idle = b is None
+            b = self.noise((self._idle_batch() if idle else b).to(self.device, torch.float32))  # training only
+            with self.engine.sync(last=i == len(padded) - 1):
+                loss, s = self._forward(b, denom.to(self.device))
+                (loss * (0.0 if idle else self.engine.loss_scale)).backward()
+            if not idle:
+                sums.add(s)
+                tokens += b.num_tokens
         all_reduce_sum_(sums.values, self.info)
         # Pre-clipping norm, logged: a norm far above the clip means the clip, not the lr, sets the step size.
-        self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            self.params, cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0 else float("inf")))
+        self.grad_norm = self.engine.clip_grad_norm(cfg.grad_clip if cfg.grad_clip and cfg.grad_clip > 0
+                                                    else float("inf"))
         self._check_finite(sums)  # before the update: the weights and the last checkpoint stay intact
         self.optimizer.step()
         self.optimizer.schedule_step()
@@ -255,7 +324,8 @@ class Trainer:
         """Stop (every rank sees the same reduced numbers) at a step whose loss or gradients are not finite."""
         if math.isfinite(self.grad_norm) and bool(torch.isfinite(sums.values).all()):
             return
-        grads = ((n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None)
+        grads = ((n, getattr(p.grad, "_local_tensor", p.grad)) for n, p in self.model.named_parameters()
+                 if p.grad is not None)  # under FSDP: this rank's shard
         found = first_non_finite(grads)
         what = f"the gradient of '{found[0]}' ({found[1]} of {found[2]} values)" if found else "the loss"
         raise Eagle3InputError(
@@ -269,20 +339,22 @@ class Trainer:
         data = data or self.val_data
         if data is None:
             return {}
-        self.model.eval()
+        self.engine.module.eval()
         plan = plan_batches(data.lengths, self.cfg.token_budget, 0, 0, shuffle=False)
         if self.cfg.max_eval_batches:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
         skipped_before = data.skipped
-        for b in plan[self.info.rank::self.info.world_size]:
-            batch = data.batch(b)
-            if batch is None:  # every sample skipped by the source (counted there)
-                continue
-            batch = batch.to(self.device, torch.float32)
+        # every sample skipped by the source: None (counted there); FSDP gathers weights in every forward, so a
+        # rank with fewer batches runs idle ones
+        mine = [data.batch(b) for b in plan[self.info.rank::self.info.world_size]]
+        for batch in self._padded([b for b in mine if b is not None]):
+            idle = batch is None
+            batch = (self._idle_batch() if idle else batch).to(self.device, torch.float32)
             denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
-            sums.add(s)
+            if not idle:
+                sums.add(s)
         all_reduce_sum_(sums.values, self.info)
         skipped = all_reduce_sum_(torch.tensor([data.skipped - skipped_before], dtype=torch.float64), self.info)
         self.skipped_now += int(skipped.item())
@@ -296,8 +368,10 @@ class Trainer:
         key = self._best_key()
         if key in val and val[key] > self.best.get(key, -1.0):
             self.best = {key: val[key], "step": self.step}
+            weights = self.engine.full_state_dict()
             if self.info.is_main:
-                ckpt.save_checkpoint(self.out / "checkpoints" / "best", self.model, None, self.metadata("best"))
+                ckpt.save_checkpoint(self.out / "checkpoints" / "best", self.model, None, self.metadata("best"),
+                                     weights=weights)
             barrier(self.info)
 
     def _set_aside(self) -> None:
@@ -430,12 +504,13 @@ class Trainer:
             destroy(self.info)
             return {**result, "stopped": True}
         result["final_checkpoint"] = str(self.out / "checkpoints" / f"step-{self.step:07d}")
+        weights = self.engine.full_state_dict()
         if self.info.is_main:
             meta = self.metadata("finished")
             meta["run"]["tokens_per_s"] = train_rate
             meta["run"]["timing"] = result["timing"]
             write_json(self.out / "training_metadata.json", meta)
-            ckpt.save_checkpoint(self.out / "final", self.model, None, meta)
+            ckpt.save_checkpoint(self.out / "final", self.model, None, meta, weights=weights)
             result["final"] = str(self.out / "final")
             self.metrics.close()
             from eagle3_train.train.plots import plot_metrics

@@ -1,8 +1,5 @@
-"""Data parallelism with torch.distributed (torchrun): gloo on CPU, NCCL on CUDA.
-
-Gradients are all-reduced once per optimizer step as one flat buffer (after gradient accumulation), which is what
-DDP's no_sync + bucketed reduce amounts to for a one-layer draft, and keeps 1-process and N-process runs equivalent.
-"""
+"""torch.distributed under torchrun (gloo on CPU, NCCL on CUDA): this process's rank and device, and the small
+collectives the stages' bookkeeping needs. Gradients are reduced by torch's engines (train/parallel.py)."""
 
 from __future__ import annotations
 
@@ -102,21 +99,23 @@ def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
-    """Sum gradients across ranks (the loss is already normalised by global counts)."""
+def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """In-place maximum across ranks (CPU tensors round-trip through the GPU under NCCL)."""
+    if info.world_size > 1:
+        on = t.to(f"cuda:{info.local_rank}") if dist.get_backend() == "nccl" and t.device.type == "cpu" else t
+        dist.all_reduce(on, op=dist.ReduceOp.MAX)
+        if on is not t:
+            t.copy_(on.cpu())
+    return t
+
+
+def all_gather_object(obj, info: DistInfo) -> list:
+    """Every rank's `obj`, in rank order (a list of one in a single process)."""
     if info.world_size <= 1:
-        return
-    for p in params:  # a rank without a micro-batch this step still joins the reduction
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
-        offset += n
+        return [obj]
+    out: list = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier(info: DistInfo) -> None:

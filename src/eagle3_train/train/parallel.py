@@ -1,0 +1,214 @@
+"""Data parallelism for training: one process, torch's DistributedDataParallel, or FSDP2 (`fully_shard`), chosen by
+`train.parallel`, behind one interface (`Engine`). The trainer calls the wrapped module's forward (one TTT unroll of
+one micro-batch, `TTTModule`), `sync(last)` around each micro-batch's backward, `clip_grad_norm`, and the state-dict
+calls checkpoints need; nothing else in the trainer knows which engine runs.
+
+- ddp: every rank holds the whole draft, its fp32 master weights, gradients and AdamW moments; gradients are reduced
+  in buckets overlapped with the backward, once per optimizer step (`no_sync` on the other micro-batches).
+- fsdp: the decoder layer(s), fc, the draft lm_head and the rest are sharded units (`fully_shard`): parameters,
+  gradients and optimizer states are divided over the ranks; each unit is all-gathered for its compute (bf16 on the
+  wire under bf16, fp32 reduce-scatter). The frozen verifier embedding stays whole on every rank (`ignored_params`),
+  in the compute dtype, as the verifier's lm_head (held outside the draft). Muon needs whole matrices: refused.
+
+Gradients are summed over ranks (the loss is already normalised by the global supervised counts, so one process with
+grad_accum x world_size micro-batches computes the same step): both engines average, so the loss is scaled by the
+world size before backward (exact for power-of-two worlds).
+
+Optimizer states are checkpointed with torch.distributed.checkpoint (`optimizer/`, one file per rank, resharded on
+load), so a run resumes on another number of processes; the weights are gathered to rank 0 and written whole
+(`model.safetensors`), so export, inspect, evaluate and finetune read every checkpoint as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.train.objective import Objective
+from eagle3_train.train.ttt import ttt_forward
+from eagle3_train.utils.distributed import DistInfo, broadcast_parameters
+from eagle3_train.utils.io import Eagle3InputError
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "ddp", "fsdp")
+OPTIMIZER_DIR = "optimizer"  # the sharded optimizer state inside a checkpoint (torch.distributed.checkpoint)
+_PREFIX = "draft."  # TTTModule's name for the draft: stripped from and added to state-dict keys
+
+
+class TTTModule(nn.Module):
+    """The draft with one forward: the training-time-test loss of one micro-batch. DDP and FSDP hook a module's
+    forward, so the whole unroll goes through it."""
+
+    def __init__(self, draft: Eagle3Draft, objective: Objective):
+        super().__init__()
+        self.draft = draft
+        self.objective = objective
+
+    def forward(self, batch, targets, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ttt_forward(self.draft, batch, targets, self.objective, denominators)
+
+
+def choose_engine(setting: str, info: DistInfo, device: torch.device, replicated_bytes: float) -> str:
+    """`train.parallel` resolved: auto = fsdp where one GPU cannot hold the replicated training state (weights,
+    gradients, AdamW moments: `replicated_bytes`) with half its memory left for activations, else ddp."""
+    if setting not in ENGINES:
+        raise Eagle3InputError(f"train.parallel must be one of {', '.join(ENGINES)}, got {setting!r}")
+    if setting != "auto":
+        return setting
+    if info.world_size > 1 and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if replicated_bytes > total / 2:
+            return "fsdp"
+    return "ddp"
+
+
+class Engine:
+    """One process (world size 1, any `train.parallel`): the module as it is."""
+    name = "single"
+
+    def __init__(self, module: TTTModule, info: DistInfo, device: torch.device):
+        self.info, self.device = info, device
+        self.module: nn.Module = module
+        self.draft = module.draft
+        self.loss_scale = float(info.world_size)  # engines average gradients over ranks; we sum
+
+    def sync(self, last: bool):
+        """Context of one micro-batch's forward and backward: gradients are reduced over ranks on the `last`."""
+        return contextlib.nullcontext()
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP: a DTensor partial over the shards
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # --- checkpoints ---------------------------------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The draft's trainable weights and buffers, whole, on CPU: on rank 0 (None on the others; a collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.info.world_size == 1:
+            return self.draft.trainable_state_dict()
+        sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                         ignore_frozen_params=True))
+        if not self.info.is_main:
+            return None
+        sd = {k.removeprefix(_PREFIX): v for k, v in sd.items()}
+        buffers = {k: v for k, v in self.draft.trainable_state_dict().items() if k not in sd}  # d2t, t2d
+        return {**sd, **{k: v.cpu() for k, v in buffers.items()}}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load whole weights (every rank holds them) into the possibly sharded draft."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.info.world_size == 1:
+            self.draft.load_state_dict(state, strict=False)
+            return
+        set_model_state_dict(self.module, {_PREFIX + k: v for k, v in state.items()},
+                             options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def optimizer_state_dict(self, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+        """The optimizers' states keyed by parameter name (each rank its shard under FSDP; a collective)."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, optimizers)
+
+    def save_optimizer(self, directory: Path | None, state: dict[str, Any]) -> None:
+        """Every rank writes its part of `state` into `directory`/optimizer; rank 0 names the directory (its temp
+        checkpoint), the others pass None and learn it from rank 0."""
+        import torch.distributed.checkpoint as dcp
+
+        path = [str(directory) if directory is not None else None]
+        if self.info.world_size > 1:
+            dist.broadcast_object_list(path, src=0)
+        dcp.save({"optimizer": state}, checkpoint_id=Path(path[0]) / OPTIMIZER_DIR,
+                 no_dist=self.info.world_size == 1)
+        if self.info.world_size > 1:
+            dist.barrier()
+
+    def load_optimizer(self, directory: Path, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Read `directory`/optimizer into the optimizers, resharded to this run's ranks."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        state = {"optimizer": self.optimizer_state_dict(optimizers)}
+        dcp.load(state, checkpoint_id=directory / OPTIMIZER_DIR, no_dist=self.info.world_size == 1)
+        set_optimizer_state_dict(self.module, optimizers, state["optimizer"])
+
+
+class DDPEngine(Engine):
+    name = "ddp"
+
+    def __init__(self, module: TTTModule, info: DistInfo, device: torch.device):
+        super().__init__(module, info, device)
+        # DDP broadcasts rank 0's parameters and buffers here; the buffers (vocab maps, RoPE) never change after
+        self.module = nn.parallel.DistributedDataParallel(
+            module, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False,
+            gradient_as_bucket_view=True)
+
+    def sync(self, last: bool):
+        return contextlib.nullcontext() if last else self.module.no_sync()
+
+
+class FSDPEngine(Engine):
+    name = "fsdp"
+
+    def __init__(self, module: TTTModule, info: DistInfo, device: torch.device, precision: str,
+                 offload_optimizer: bool = False):
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+            register_fsdp_forward_method,
+        )
+
+        super().__init__(module, info, device)
+        broadcast_parameters(module, info)  # fully_shard keeps each rank's slice of what it holds: one start
+        draft = module.draft
+        low = torch.bfloat16 if precision == "bf16" else None
+        units = dict(mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32),
+                     offload_policy=CPUOffloadPolicy() if offload_optimizer else OffloadPolicy())
+        # The frozen verifier embedding is read whole by every step: kept whole, in the compute dtype, on each rank.
+        frozen = {p for p in module.parameters() if not p.requires_grad}
+        for layer in draft.layers:
+            # A layer runs once per TTT step; kept gathered from its first step to the end of the backward
+            fully_shard(layer, reshard_after_forward=False, **units)
+            register_fsdp_forward_method(layer, "ttt")  # the trainer calls layer.ttt, not forward
+        fully_shard(draft.fc, **units)
+        fully_shard(draft.lm_head, reshard_after_forward=False, **units)  # called once per TTT step as well
+        # The root (norms, an own embedding): its forward is the TTT unroll; the batch is not cast (the targets'
+        # float64 denominators must stay what they are), autocast sets the compute dtype.
+        fully_shard(module, ignored_params=frozen, mp_policy=MixedPrecisionPolicy(
+            param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False),
+            offload_policy=units["offload_policy"])
+
+    def sync(self, last: bool):
+        self.module.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+
+
+def make_engine(name: str, module: TTTModule, info: DistInfo, device: torch.device, precision: str,
+                optimizer: str, offload_optimizer: bool = False) -> Engine:
+    """The engine `name` (resolved by `choose_engine`) over `module`; one process needs none."""
+    if name == "fsdp" and optimizer == "muon":
+        raise Eagle3InputError("train.optimizer muon orthogonalises whole weight matrices, which FSDP shards over "
+                               "the ranks: train with train.parallel ddp, or train.optimizer adamw under fsdp")
+    if offload_optimizer and name != "fsdp":
+        raise Eagle3InputError("train.offload_optimizer needs train.parallel fsdp (FSDP2's CPU offload)")
+    if info.world_size == 1:
+        return Engine(module, info, device)
+    if name == "fsdp":
+        return FSDPEngine(module, info, device, precision, offload_optimizer)
+    return DDPEngine(module, info, device)
