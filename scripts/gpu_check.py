@@ -12,8 +12,9 @@ first ShareGPT conversations) and `prompts.txt`. Parts:
   torchrun: the same train stage under `torchrun --nproc_per_node 1`
   extract-torchrun: the extract stage under `torchrun --nproc_per_node gpu` (a verifier replica per GPU, disjoint
             shards, one store), its tensors compared with the single-process store's
-  nccl:     under torchrun, the trainer's optimizer step with every collective going through an NCCL process group
-            (one GPU: NCCL refuses two ranks on one device, so the group has one rank)
+  fsdp:     `train --set train.parallel=fsdp` under torchrun (NCCL; one GPU: a group of one rank, every FSDP2 piece
+            runs: bf16 all-gather, fp32 reduce-scatter, the sharded optimizer checkpoint), stopped, resumed, exported
+            and reloaded; its losses against the torchrun part's (same steps, replicated)
   bench:    benchmarks/gpu_train_throughput.py (Llama-3.1-8B and Kimi-K2 shapes, TTT 7 and 3, checkpointing on/off)
 
   python3 scripts/gpu_check.py --out "$OUT"              # on the GPU machine (scripts/gpu_check.sh sets it up)
@@ -288,13 +289,35 @@ class Checker:
         m = json.loads((self.work / "hidden-ranks" / "manifest.json").read_text())
         return {"processes": m.get("processes"), "throughput": m.get("throughput"), "compare": _last_json(output)}
 
-    def nccl_part(self) -> dict[str, Any]:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                str(Path(__file__).resolve()), "collectives", "--work", str(self.work), "--device", self.device]
-        rc, output = self.sh(argv, 180, "collectives")
-        if rc != 0:
-            raise CheckFailed(f"exit {rc}: {_tail(output)}")
-        return _last_json(output) or {}
+    def fsdp_part(self) -> dict[str, Any]:
+        steps = self.sizes["ddp_steps"]
+        out = self.p("train-fsdp")
+        fsdp = ["--set", "train.parallel=fsdp", "--save-every", "1"]
+
+        def run(extra: list[str], name: str) -> str:
+            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
+                    "eagle3_train.cli", *self.train_args(out, steps, fsdp + extra)]
+            rc, output = self.sh(argv, 240, name)
+            if rc != 0:
+                raise CheckFailed(f"{name}: exit {rc}: {_tail(output)}")
+            return output
+
+        run(["--stop-after", str(steps // 2)], "fsdp-train")
+        shards = sorted(p.name for p in (self.work / "train-fsdp" / "checkpoints" / f"step-{steps // 2:07d}"
+                                         / "optimizer").iterdir())
+        run(["--resume"], "fsdp-resume")
+        meta = json.loads((self.work / "train-fsdp" / "training_metadata.json").read_text())
+        if meta["run"].get("parallel") != "fsdp" or meta["progress"]["step"] != steps:
+            raise CheckFailed(f"not an FSDP run to step {steps}: {meta['run']}, {meta['progress']}")
+        got, ref = _train_losses(self.work / "train-fsdp" / "metrics.jsonl"), \
+            _train_losses(self.work / "train-ddp" / "metrics.jsonl")
+        # bf16 weights on the wire (FSDP) vs bf16 autocast casts of fp32 weights (replicated): the same roundings
+        # of the same fp32 masters, so the curves agree to bf16 noise
+        diff = max((abs(a - b) / max(1.0, abs(b)) for (_, a), (_, b) in zip(got, ref)), default=None)
+        if diff is None or len(got) != len(ref) or diff > 2e-2:
+            raise CheckFailed(f"FSDP losses {got} differ from the replicated run's {ref} (max rel diff {diff})")
+        self.cli(["export", out, "--out", self.p("export-fsdp"), "--format", "eagle"], 180, "export-fsdp")
+        return {"losses": got, "replicated": ref, "max_rel_diff": round(diff, 5), "optimizer_files": shards}
 
     def bench_part(self) -> dict[str, Any]:
         argv = [sys.executable, str(ROOT / "benchmarks" / "gpu_train_throughput.py"), "--out",
@@ -321,7 +344,7 @@ class Checker:
         self.part("export", self.export_part, ("train-resume",))
         self.part("torchrun", self.torchrun_part, ("vocab", "extract"))
         self.part("extract-torchrun", self.extract_torchrun_part, ("extract",))
-        self.part("collectives", self.nccl_part, ("vocab", "extract"))
+        self.part("fsdp", self.fsdp_part, ("torchrun",))
         if not self.args.skip_bench:
             self.part("bench", self.bench_part)
         self.part("evaluate-offline", self.evaluate_part, ("export",))
@@ -398,50 +421,6 @@ def load_exports(work: Path) -> None:
     print(json.dumps(report))
 
 
-def collectives(work: Path, device: str) -> None:
-    """Under torchrun (one process): the trainer's optimizer step with its collectives on a real process group (NCCL
-    on CUDA, gloo on CPU). The trainer skips collectives in a world of one, so its DistInfo claims two ranks; every
-    all-reduce and broadcast then runs for real on the one-rank group, where a sum is the identity."""
-    import torch
-    import torch.distributed as dist
-
-    from eagle3_train.train.batching import plan_batches
-    from eagle3_train.train.config import TrainConfig
-    from eagle3_train.train.trainer import Trainer
-    from eagle3_train.utils.distributed import DistInfo, all_reduce_sum_, barrier, broadcast_parameters, destroy
-    from eagle3_train.utils.settings import build_settings
-
-    cfg = build_settings(TrainConfig, dict(prepared=str(work / "prepared"), hidden_states=str(work / "hidden"),
-                                           vocab=str(work / "vocab"), out=str(work / "train-collectives"),
-                                           device=device, precision="bf16", ttt_steps=3, max_steps=4,
-                                           tensorboard=False), "collectives")
-    trainer = Trainer(cfg)  # WORLD_SIZE=1: no process group yet
-    backend = "nccl" if trainer.device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend)
-    trainer.info = DistInfo(rank=0, world_size=2, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    broadcast_parameters(trainer.model, trainer.info)
-    plan = plan_batches(trainer.train_data.lengths, cfg.token_budget, cfg.seed, 0)
-    out: dict[str, Any] = {"backend": dist.get_backend(), "world": dist.get_world_size()}
-    losses = []
-    for i in range(2):
-        micro = [plan[(2 * i + j) % len(plan)] for j in range(2)]  # rank 0 of the claimed two takes micro[0]
-        sums, tokens = trainer.train_step(micro)
-        losses.append(sums.summary()["loss"])
-        out[f"step{i}_tokens"] = tokens
-    if not all(math.isfinite(x) for x in losses):
-        raise SystemExit(f"non-finite loss over {backend}: {losses}")
-    t = torch.tensor([1.0, 2.0], dtype=torch.float64)
-    all_reduce_sum_(t, trainer.info)
-    if t.tolist() != [1.0, 2.0]:
-        raise SystemExit(f"all_reduce_sum_ over one rank changed the values: {t.tolist()}")
-    trainer.checkpoint_due()
-    val = trainer.evaluate()
-    barrier(trainer.info)
-    destroy(trainer.info)
-    out.update(losses=losses, grad_norm=trainer.grad_norm, val_loss=val.get("loss"))
-    print(json.dumps(out))
-
-
 def evaluate(work: Path, device: str) -> None:
     """Offline chain speculative decoding of the eagle export with the verifier on `device` (greedy check on)."""
     import torch
@@ -484,8 +463,7 @@ def _tail(output: str | None, n: int = 1500) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "collectives", "evaluate",
-                                                 "compare-stores"],
+    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "evaluate", "compare-stores"],
                    help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpucheck-out"), help="results folder (default $OUT)")
     p.add_argument("--work", default="/tmp/gpucheck-work", help="scratch folder (deleted first)")
@@ -510,9 +488,6 @@ def main() -> int:
         return 0
     if args.helper == "evaluate":
         evaluate(Path(args.work), args.device)
-        return 0
-    if args.helper == "collectives":
-        collectives(Path(args.work), args.device)
         return 0
     return Checker(args).run()
 

@@ -339,3 +339,34 @@ def test_plan_refuses_a_negative_server_share(tmp_path):
     d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
     with pytest.raises(Eagle3InputError, match="--server-memory must be >= 0"):
         plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=8, server_memory_gb=-1))
+
+
+LLAMA_405B = {**LLAMA_31_8B, "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+              "num_attention_heads": 128, "num_key_value_heads": 8}
+
+
+def test_a_405b_class_draft_fits_16_gpus_of_80_gb_only_sharded(tmp_path):
+    d = write_config(tmp_path, "llama405b", LLAMA_405B)
+    base = dict(verifier=str(d), samples=100000, tokens_per_sample=2048, draft_vocab=32000, gpus=16, nodes=2,
+                gpu_memory_gb=80, disk_tb=100)
+    ddp = plan(PlanSettings(**base, parallel="ddp"))
+    auto = plan(PlanSettings(**base))
+    P = auto.parameters["trainable"]
+    assert P > 4.5e9  # a 4.8B-parameter draft
+    assert ddp.memory["engine"] == "ddp" and ddp.memory["peak"] > 80e9 and not ddp.modes["offline"]["fits"]
+    assert "train.parallel fsdp fits" in ddp.recommendation
+    # auto shards (16 bytes of fp32 state per parameter would fill most of each GPU) and it fits
+    assert auto.memory["engine"] == "fsdp" and auto.modes["offline"]["fits"] and auto.memory["peak"] < 80e9
+    # the fp32 weights, gradients and AdamW states are divided over the 16 ranks; the units gathered in bf16
+    assert auto.memory["adamw_states"] == int(8 * P / 16) and auto.memory["autocast_weight_copies"] == 0
+    assert auto.memory["gathered_units"] > 0 and auto.memory["by_engine"]["ddp"]["fits"] is False
+    # fewer bytes per step than the replicated all-reduce: bf16 gathers + an fp32 reduce-scatter vs 2 x fp32
+    comm = auto.memory["by_engine"]
+    assert comm["fsdp"]["communication"]["total"] < comm["ddp"]["communication"]["total"]
+    assert comm["fsdp"]["communication"]["across_nodes"] > 0
+    # one node, one GPU: nothing to shard, the replicated figures
+    one = plan(PlanSettings(**{**base, "gpus": 1, "nodes": 1}))
+    assert one.memory["engine"] == "ddp" and one.memory["adamw_states"] == 8 * P
+    assert "train.parallel fsdp" in format_plan(auto) and "across nodes" in format_plan(auto)
+    with pytest.raises(Eagle3InputError, match="--nodes"):
+        plan(PlanSettings(**{**base, "gpus": 15}))

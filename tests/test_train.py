@@ -354,31 +354,34 @@ def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_data_parallel_run(stages, tmp_path):
-    """The multi-node launch of docs/GUIDE.md, with two CPU processes standing in for two machines: one torchrun per
-    node (--nnodes 2, --node-rank 0/1, rank 0's address); the same weights as one process with grad_accum 2."""
+def test_two_nodes_train_as_one_sharded_run(stages, tmp_path):
+    """The multi-node launch of docs/GUIDE.md and scripts/slurm_train.sbatch, with two CPU processes standing in for
+    two machines: one torchrun per node (--nnodes 2, c10d rendezvous on the first), FSDP across them; the same
+    weights as one process with grad_accum 2 (fp32: FSDP gathers the fp32 weights themselves)."""
     import socket
 
     root, _ = stages
     single = tmp_path / "single"
-    train(config(root, single, max_steps=3, grad_accum=2))
+    train(config(root, single, max_steps=3, grad_accum=2, precision="fp32"))
     out = tmp_path / "nodes"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
             str(root / "vocab"), "--out", str(out), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
-            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false"]
+            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false",
+            "--precision", "fp32", "--set", "train.parallel=fsdp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-                               "1", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
-                               str(port), "-m", "eagle3_train.cli", "train", *args],
+                               "1", "--rdzv-id", "two-nodes", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                               f"127.0.0.1:{port}", "-m", "eagle3_train.cli", "train", *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank in (0, 1)]
     for p in nodes:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]
-    assert json.loads((out / "training_metadata.json").read_text())["run"]["world_size"] == 2
+    run = json.loads((out / "training_metadata.json").read_text())["run"]
+    assert (run["world_size"], run["parallel"]) == (2, "fsdp")
     a, b = weights(single), weights(out)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

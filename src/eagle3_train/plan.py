@@ -25,7 +25,7 @@ import torch
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block, describe_mla
 from eagle3_train.model.verifier_head import chunk_rows
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.train.config import TrainConfig, auto_parallel
 from eagle3_train.utils.io import Eagle3InputError
 
 _TRAIN_DEFAULTS = TrainConfig()
@@ -50,7 +50,10 @@ class PlanSettings:
     token_budget: int = _TRAIN_DEFAULTS.token_budget  # padded tokens per micro-batch and rank
     grad_accum: int = _TRAIN_DEFAULTS.grad_accum
     epochs: float = _TRAIN_DEFAULTS.epochs
-    gpus: int = 1  # data-parallel ranks (each holds a full replica: the trainer all-reduces gradients)
+    gpus: int = 1  # data-parallel ranks over all nodes
+    nodes: int = 1  # machines the ranks are spread over (gpus / nodes per node)
+    parallel: str = "auto"  # train.parallel: ddp (replicated) | fsdp (sharded) | auto (as the trainer decides)
+    offload_optimizer: bool = False  # train.offload_optimizer: fsdp's sharded states in host memory
     gpu_memory_gb: float | None = None  # per GPU
     disk_tb: float | None = None
     dtype: str = "bfloat16"  # storage dtype of the hidden states: bfloat16 | float16 | float32 | fp8
@@ -247,19 +250,44 @@ def loss_forward_bytes(R: int, Vd: int) -> int:
     return 4 * R * Vd * 4
 
 
+def shard_units(params: dict[str, int]) -> dict[str, int]:
+    """Trainable parameters of each unit train/parallel.py shards: every decoder layer, fc, lm_head, the root (the
+    rest: norms, a draft's own embedding)."""
+    units: dict[str, int] = {"fc": 0, "lm_head": 0}
+    for key, n in params.items():
+        name = key.removeprefix("module:")
+        if name.startswith("layers."):
+            layer = ".".join(name.split(".")[:2])
+            units[layer] = units.get(layer, 0) + n
+        elif name in ("fc", "lm_head"):
+            units[name] = n
+    units["root"] = params["trainable"] - sum(units.values())
+    return units
+
+
 def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
-                    checkpoint_dtype: str) -> tuple[dict[str, Any], dict]:
-    """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process."""
+                    checkpoint_dtype: str, engine: str = "ddp") -> tuple[dict[str, Any], dict]:
+    """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process, under
+    `engine`: ddp (every rank holds the whole training state) or fsdp (train/parallel.py: the fp32 weights,
+    gradients and AdamW states divided over the ranks, offloaded to the host with offload_optimizer; the units in
+    the compute dtype gathered, the layers and lm_head for the whole step, fc in turn; a unit's whole gradient and its
+    fp32 reduce-scatter buffer at the end of its backward)."""
     g = _geometry(s)
     N, L, R = g["tokens"], g["seq_len"], g["supervised_rows"]
     P = params["trainable"]
     V, Vd, H, Ht = d.vocab_size, d.draft_vocab_size, d.hidden_size, d.aux_hidden_size
     bf16 = s.precision == "bf16"
+    sharded = engine == "fsdp" and s.gpus > 1
+    share = (0 if s.offload_optimizer else 1) / s.gpus if sharded else 1  # of the fp32 state on this device
+    units = shard_units(params)
+    pb = 2 if bf16 else 4  # compute dtype of the gathered units
     m: dict[str, Any] = {
-        "weights_fp32_master": 4 * P,  # the trainer keeps fp32 parameters (autocast computes in bf16)
-        "grads": 4 * P,
-        "adamw_states": 8 * P,  # exp_avg + exp_avg_sq, fp32
-        "autocast_weight_copies": 2 * P if bf16 else 0,  # bf16 casts of the weights, kept for backward
+        "weights_fp32_master": int(4 * P * share),  # the trainer keeps fp32 parameters (autocast computes in bf16)
+        "grads": int(4 * P * share),
+        "adamw_states": int(8 * P * share),  # exp_avg + exp_avg_sq, fp32
+        # ddp: bf16 casts of the weights, kept for backward; fsdp: the units gathered in the compute dtype
+        "autocast_weight_copies": 2 * P if bf16 and not sharded else 0,
+        "gathered_units": pb * (P - units["fc"]) if sharded else 0,
         "frozen_embedding": V * H * frozen_bytes,  # the verifier's input embedding inside the draft
         # verifier lm_head for the targets (train/targets.py), in the trainer's frozen dtype (bf16 under bf16): a copy
         # on the GPU; on CPU the loaded tensor itself (counted in host memory)
@@ -285,13 +313,18 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
+    # fsdp: the largest unit's whole gradient in the compute dtype, and its fp32 copy for the reduce-scatter
+    unit_grad = (pb + 4) * max(units.values()) if sharded else 0
     candidates = {
         # before the forward: gradients were freed (zero_grad(set_to_none)), no autocast weight copies yet
-        "targets": static - m["grads"] - m["autocast_weight_copies"] + m["batch"] + m["targets"] + targets_tmp,
+        "targets": static - m["grads"] - m["autocast_weight_copies"] - m["gathered_units"] + m["batch"]
+        + m["targets"] + targets_tmp,
         "forward_end": static - m["grads"] + m["batch"] + m["targets"] + saved["total"] + kv_caches + loss_fwd,
         # all gradients counted (an upper bound: they are allocated as the backward proceeds)
         "backward_start": static + m["batch"] + m["targets"] + saved["total"] + loss_bwd,
-        "all_reduce": static + 4 * P if s.gpus > 1 else 0,
+        "backward_end": static + unit_grad + (pb * units["fc"] if sharded else 0),
+        # ddp reduces in 25 MB buckets that the gradients are views of (gradient_as_bucket_view): no flat copy
+        "all_reduce": static + 2 * 25 * 2**20 if s.gpus > 1 and not sharded else 0,
     }
     where = max(candidates, key=candidates.get)
     m["transient_at_peak"] = candidates[where] - (static + m["batch"] + m["targets"] + m["ttt_activations"])
@@ -302,6 +335,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     n_verifier = V * H + (0 if tied else V * Ht)  # tied: the embedding tensor serves as lm_head
     ckpt_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(checkpoint_dtype, 2)
     host = {"verifier_tensors_fp32_copy": 0 if checkpoint_dtype == "float32" else 4 * n_verifier,
+            "offloaded_training_state": 16 * P // s.gpus if sharded and s.offload_optimizer else 0,
             # train_step loads all of this rank's micro-batches of the step, in the storage dtype
             "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
     page_cache = n_verifier * ckpt_bytes
@@ -310,13 +344,18 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
 
 # --- the plan -----------------------------------------------------------------------------------------------------
 def _check(s: PlanSettings) -> None:
-    for name in ("samples", "tokens_per_sample", "draft_vocab", "ttt_steps", "token_budget", "gpus", "grad_accum"):
+    for name in ("samples", "tokens_per_sample", "draft_vocab", "ttt_steps", "token_budget", "gpus", "grad_accum",
+                 "nodes"):
         if getattr(s, name) is not None and getattr(s, name) < 1:
             raise Eagle3InputError(f"plan: --{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     if s.dtype not in _STORAGE_BYTES:
         raise Eagle3InputError(f"plan: --dtype must be one of {', '.join(_STORAGE_BYTES)}, got {s.dtype!r}")
     if s.precision not in ("bf16", "fp32"):
         raise Eagle3InputError(f"plan: --precision must be bf16 or fp32, got {s.precision!r}")
+    if s.parallel not in ("auto", "ddp", "fsdp"):
+        raise Eagle3InputError(f"plan: --parallel must be auto, ddp or fsdp, got {s.parallel!r}")
+    if s.gpus % s.nodes:
+        raise Eagle3InputError(f"plan: --gpus {s.gpus} cannot be spread evenly over --nodes {s.nodes}")
     if s.device not in ("cuda", "cpu"):
         raise Eagle3InputError(f"plan: --device must be cuda or cpu, got {s.device!r}")
     if not 0 < s.supervised_fraction <= 1:
@@ -372,17 +411,25 @@ def plan(s: PlanSettings) -> Plan:
 
     checkpoint_dtype = str(text.get("torch_dtype") or text.get("dtype") or vcfg.get("torch_dtype")
                            or vcfg.get("dtype") or "bfloat16")
-    mem, detail = memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype)
+    by_engine = {e: memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype, e)
+                 for e in ("ddp", "fsdp")}
+    engine = _engine(s, params["trainable"], {e: m["peak"] for e, (m, _) in by_engine.items()})
+    mem, detail = by_engine[engine]
     host = _host_memory(detail, mem, s)
     mem["saved_by_term"] = detail["saved_by_term"]
+    comm = communication_per_step(params, s)
+    mem["engine"] = engine
+    mem["by_engine"] = {e: {"peak": m["peak"], "peak_phase": m["peak_phase"], "communication": comm[e],
+                            "fits": None if s.gpu_memory_gb is None else m["peak"] <= s.gpu_memory_gb * GB}
+                        for e, (m, _) in by_engine.items()}
 
     # Bytes moved per optimizer step and rank: the hidden states of its micro-batches (from disk or from the server,
-    # which sends its bf16 compute dtype), plus the gradient all-reduce (a ring moves 2(G-1)/G of the fp32 grads).
+    # which sends its bf16 compute dtype), plus the engine's gradient reduction (communication_per_step).
     rank_tokens = g["tokens"] * s.grad_accum
     step_tokens = rank_tokens * s.gpus
     disk_step = rank_tokens * per_token[s.dtype]
     wire_step = rank_tokens * per_token["bfloat16"]
-    allreduce = int(2 * (s.gpus - 1) / s.gpus * 4 * params["trainable"]) if s.gpus > 1 else 0
+    allreduce = comm[engine]["total"]
     steps_per_epoch = max(1, math.ceil(s.samples / (g["batch_size"] * s.grad_accum * s.gpus)))
     total_steps = max(1, math.ceil(s.epochs * steps_per_epoch))
     weight_bytes = _verifier_weight_bytes(cfg_path)
@@ -401,7 +448,7 @@ def plan(s: PlanSettings) -> Plan:
     if source_vocab is not None and s.draft_vocab != source_vocab:
         notes.append(f"draft vocabulary: {s.draft_vocab} rows, rebuilt from this run's data (the source has "
                      f"{source_vocab}): `train --finetune-vocab rebuild` with a vocabulary of that size")
-    rec = _recommend(modes, mem_ok, disk_ok, s)
+    rec = _recommend(modes, mem_ok, disk_ok, s, mem["by_engine"]["fsdp"]["fits"])
     fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
     if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
         rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
@@ -417,10 +464,38 @@ def plan(s: PlanSettings) -> Plan:
     return Plan(settings, verifier, draft_cfg.to_dict(), params, hs, batch, mem, host, modes, rec, notes)
 
 
+def communication_per_step(params: dict[str, int], s: PlanSettings) -> dict[str, dict[str, int]]:
+    """Bytes each rank sends per optimizer step, by engine (ring collectives move (G-1)/G of the data each way):
+    ddp all-reduces the fp32 gradients (2x); fsdp all-gathers the units in the compute dtype (fc twice: it is
+    resharded after its forward) and reduce-scatters the fp32 gradients. Gradient accumulation reduces once."""
+    G, P = s.gpus, params["trainable"]
+    ring = (G - 1) / G if G > 1 else 0.0
+    pb = 2 if s.precision == "bf16" else 4
+    fc = shard_units(params)["fc"]
+    gather = int(ring * pb * (P + fc))
+    scatter = int(ring * 4 * P)
+    ddp = int(2 * ring * 4 * P)
+    inter = (s.nodes - 1) / s.nodes if s.nodes > 1 else 0.0  # share of a ring's hops that cross nodes (flat ring)
+    return {"ddp": {"all_reduce": ddp, "total": ddp, "across_nodes": int(inter * ddp)},
+            "fsdp": {"all_gather": gather, "reduce_scatter": scatter, "total": gather + scatter,
+                     "across_nodes": int(inter * (gather + scatter))}}
+
+
+def _engine(s: PlanSettings, trainable: int, peaks: dict[str, int]) -> str:
+    """train.parallel as the trainer resolves it (`auto_parallel`), and fsdp where only it fits the GPU."""
+    if s.parallel in ("ddp", "fsdp"):
+        return s.parallel
+    gpu = s.gpu_memory_gb * GB if s.gpu_memory_gb else None
+    chosen = auto_parallel(s.gpus, trainable, gpu)
+    if chosen == "ddp" and s.gpus > 1 and gpu and peaks["ddp"] > gpu >= peaks["fsdp"]:
+        return "fsdp"
+    return chosen
+
+
 def _host_memory(detail: dict[str, Any], mem: dict[str, Any], s: PlanSettings) -> dict[str, Any]:
     host = dict(detail["host"])
     host["total"] = sum(host.values())
-    host["per_node"] = s.gpus * host["total"]  # one process per GPU, each with its own copies
+    host["per_node"] = -(-s.gpus // s.nodes) * host["total"]  # one process per GPU, each with its own copies
     host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
     if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
         host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
@@ -533,8 +608,11 @@ def _smaller_step(s: PlanSettings) -> str:
     return fix + (f", turn on {' and '.join(extra)}" if extra else "") + ", fewer --ttt steps, or GPUs with more memory"
 
 
-def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings) -> str:
+def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings,
+               sharded_fits: bool | None = None) -> str:
     if mem_ok is False:
+        if sharded_fits and s.parallel == "ddp":
+            return "nothing fits replicated (train.parallel ddp): train.parallel fsdp fits (--parallel fsdp)"
         return f"nothing fits: the training peak per rank exceeds --gpu-memory; {_smaller_step(s)}"
     if mem_ok is None or disk_ok is None:
         return "pass --gpu-memory and --disk to check which mode fits"
@@ -589,20 +667,28 @@ def format_plan(p: Plan) -> str:
         f"{v['hidden_size']}] is also held for the targets",
         f"data      {s['samples']} samples x {s['tokens_per_sample']} tokens = {hs['tokens']:,} tokens; micro-batch "
         f"{b['batch_size']} x {b['seq_len']} per rank, {b['tokens_per_step']:,} tokens per step on {s['gpus']} "
-        f"rank(s), {b['steps_per_epoch']} steps/epoch",
+        f"rank(s) over {s['nodes']} node(s), {b['steps_per_epoch']} steps/epoch",
         "hidden states on disk (3 aux + final per token):",
     ]
     for dt, x in hs["by_dtype"].items():
         mark = " <- --dtype" if dt == hs["storage_dtype"] else ""
         lines.append(f"  {dt:9s} {_b(x['bytes_per_token']):>10s}/token  {_b(x['total_bytes']):>10s}{mark}")
-    lines.append(f"training memory per rank (ttt {s['ttt_steps']}, {s['precision']}, budget {s['token_budget']}):")
-    for k in ("weights_fp32_master", "grads", "adamw_states", "autocast_weight_copies", "frozen_embedding",
-              "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
+    lines.append(f"training memory per rank (ttt {s['ttt_steps']}, {s['precision']}, budget {s['token_budget']}, "
+                 f"train.parallel {m['engine']}):")
+    for k in ("weights_fp32_master", "grads", "adamw_states", "autocast_weight_copies", "gathered_units",
+              "frozen_embedding", "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
         lines.append(f"  {k:24s} {_b(m[k]):>10s}")
     lines.append(f"  {'peak':24s} {_b(m['peak']):>10s}  (at {m['peak_phase']})")
+    for e, x in m["by_engine"].items():
+        fits = {None: "", True: ", fits", False: ", does NOT fit"}[x["fits"]]
+        c = x["communication"]
+        lines.append(f"  {e:4s} peak {_b(x['peak']):>10s}{fits}; sends {_b(c['total'])} per step and rank"
+                     + (f" ({_b(c['across_nodes'])} across nodes)" if s["nodes"] > 1 else "")
+                     + ("  <- recommended" if e == m["engine"] else ""))
     hm = p.host_memory
     lines.append(f"host RAM per rank: {_b(hm['total'])} (fp32 copies of the verifier embedding/lm_head unless stored "
-                 f"in fp32, batches); {_b(hm['per_node'])} for {s['gpus']} rank(s) on one node, plus "
+                 f"in fp32, batches); {_b(hm['per_node'])} for the {-(-s['gpus'] // s['nodes'])} rank(s) of a node, "
+                 f"plus "
                  f"{_b(hm['verifier_page_cache'])} of page cache for the memory-mapped verifier tensors"
                  + (f"; CPU training, whole process: {_b(hm['process_total'])}" if "process_total" in hm else ""))
     lines.append("modes:")
@@ -610,7 +696,7 @@ def format_plan(p: Plan) -> str:
         fits = {None: "?", True: "fits", False: "does NOT fit"}[md["fits"]]
         lines.append(f"  {name:8s} disk {_b(md['disk_bytes']):>9s} | per rank and step: disk read "
                      f"{_b(md['read_bytes_per_step']):>9s}, from server {_b(md['server_bytes_per_step']):>9s}, "
-                     f"all-reduce {_b(md['allreduce_bytes_per_step']):>9s} | {md['verifier_passes']} verifier "
+                     f"gradients {_b(md['allreduce_bytes_per_step']):>9s} | {md['verifier_passes']} verifier "
                      f"pass(es) -> {fits}")
     times = next(iter(p.modes.values())).get("seconds") or {}
     if any(v is not None for v in times.values()):
@@ -632,7 +718,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, help="draft vocabulary rows (default: the finetune source's, else "
                    f"{DEFAULT_DRAFT_VOCAB}); with --finetune-from, planned as --finetune-vocab rebuild")
     p.add_argument("--ttt", dest="ttt_steps", type=int, default=_TRAIN_DEFAULTS.ttt_steps)
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=1, help="ranks in all (or --nodes with --gpus-per-node)")
+    p.add_argument("--nodes", type=int, default=1, help="machines the ranks are spread over")
+    p.add_argument("--gpus-per-node", type=int, help="ranks per node: --gpus = --nodes x this")
+    p.add_argument("--parallel", default="auto", choices=("auto", "ddp", "fsdp"),
+                   help="train.parallel to plan (auto: as the trainer decides, fsdp where only it fits)")
+    p.add_argument("--offload-optimizer", action="store_true", help="train.offload_optimizer (fsdp)")
     p.add_argument("--gpu-memory", dest="gpu_memory_gb", type=float, help="GB per GPU")
     p.add_argument("--disk", dest="disk_tb", type=float, help="TB free for hidden states")
     p.add_argument("--token-budget", type=int, default=_TRAIN_DEFAULTS.token_budget)
@@ -664,6 +755,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     names = {f.name for f in dataclasses.fields(PlanSettings)}
+    if args.gpus_per_node:
+        args.gpus = args.nodes * args.gpus_per_node
     result = plan(PlanSettings(**{k: v for k, v in vars(args).items() if k in names}))
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
     return 0

@@ -37,6 +37,18 @@ AUX_CONVENTION_HELP = ("how the finetune source's aux layer ids in eagle_config 
                        "told is refused, naming both readings), sglang (output of layer i) or vllm (input of layer i)")
 
 
+REPLICATED_STATE_BYTES = 16  # per trainable parameter, replicated: fp32 weights, gradients, AdamW exp_avg, exp_avg_sq
+AUTO_FSDP_SHARE = 0.5  # parallel auto shards once the replicated state would take over this share of a GPU
+
+
+def auto_parallel(world_size: int, trainable: int, device_bytes: float | None) -> str:
+    """What `train.parallel: auto` means (the trainer and `plan` decide alike): fsdp on several ranks whose GPUs the
+    replicated training state would fill past AUTO_FSDP_SHARE, else ddp."""
+    if world_size > 1 and device_bytes and REPLICATED_STATE_BYTES * trainable > AUTO_FSDP_SHARE * device_bytes:
+        return "fsdp"
+    return "ddp"
+
+
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.train.config import auto_parallel
 from eagle3_train.train.objective import Objective
 from eagle3_train.train.ttt import ttt_forward
 from eagle3_train.utils.distributed import DistInfo, broadcast_parameters
@@ -56,23 +57,31 @@ class TTTModule(nn.Module):
         return ttt_forward(self.draft, batch, targets, self.objective, denominators)
 
 
-def choose_engine(setting: str, info: DistInfo, device: torch.device, replicated_bytes: float) -> str:
-    """`train.parallel` resolved: auto = fsdp where one GPU cannot hold the replicated training state (weights,
-    gradients, AdamW moments: `replicated_bytes`) with half its memory left for activations, else ddp."""
+def choose_engine(setting: str, info: DistInfo, device: torch.device, trainable: int) -> str:
+    """`train.parallel` resolved; auto: `auto_parallel` on this GPU's memory (ddp on CPU)."""
     if setting not in ENGINES:
         raise Eagle3InputError(f"train.parallel must be one of {', '.join(ENGINES)}, got {setting!r}")
     if setting != "auto":
         return setting
-    if info.world_size > 1 and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        if replicated_bytes > total / 2:
-            return "fsdp"
-    return "ddp"
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return auto_parallel(info.world_size, trainable, total)
+
+
+@contextlib.contextmanager
+def _one_process_quietly():
+    """torch.distributed.checkpoint warns that it assumes one process when there is no process group: so it is."""
+    import warnings
+
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 class Engine:
     """One process (world size 1, any `train.parallel`): the module as it is."""
     name = "single"
+    sharded = False  # parameters are DTensor shards (FSDP): state dicts go through torch's collective helpers
 
     def __init__(self, module: TTTModule, info: DistInfo, device: torch.device):
         self.info, self.device = info, device
@@ -98,8 +107,8 @@ class Engine:
         """The draft's trainable weights and buffers, whole, on CPU: on rank 0 (None on the others; a collective)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        if self.info.world_size == 1:
-            return self.draft.trainable_state_dict()
+        if not self.sharded:  # every rank holds the same whole weights
+            return self.draft.trainable_state_dict() if self.info.is_main else None
         sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                          ignore_frozen_params=True))
         if not self.info.is_main:
@@ -112,7 +121,7 @@ class Engine:
         """Load whole weights (every rank holds them) into the possibly sharded draft."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        if self.info.world_size == 1:
+        if not self.sharded:
             self.draft.load_state_dict(state, strict=False)
             return
         set_model_state_dict(self.module, {_PREFIX + k: v for k, v in state.items()},
@@ -132,8 +141,9 @@ class Engine:
         path = [str(directory) if directory is not None else None]
         if self.info.world_size > 1:
             dist.broadcast_object_list(path, src=0)
-        dcp.save({"optimizer": state}, checkpoint_id=Path(path[0]) / OPTIMIZER_DIR,
-                 no_dist=self.info.world_size == 1)
+        with _one_process_quietly():
+            dcp.save({"optimizer": state}, checkpoint_id=Path(path[0]) / OPTIMIZER_DIR,
+                     no_dist=not dist.is_initialized())
         if self.info.world_size > 1:
             dist.barrier()
 
@@ -143,7 +153,8 @@ class Engine:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         state = {"optimizer": self.optimizer_state_dict(optimizers)}
-        dcp.load(state, checkpoint_id=directory / OPTIMIZER_DIR, no_dist=self.info.world_size == 1)
+        with _one_process_quietly():
+            dcp.load(state, checkpoint_id=directory / OPTIMIZER_DIR, no_dist=not dist.is_initialized())
         set_optimizer_state_dict(self.module, optimizers, state["optimizer"])
 
 
@@ -163,6 +174,7 @@ class DDPEngine(Engine):
 
 class FSDPEngine(Engine):
     name = "fsdp"
+    sharded = True
 
     def __init__(self, module: TTTModule, info: DistInfo, device: torch.device, precision: str,
                  offload_optimizer: bool = False):
@@ -207,8 +219,8 @@ def make_engine(name: str, module: TTTModule, info: DistInfo, device: torch.devi
                                "the ranks: train with train.parallel ddp, or train.optimizer adamw under fsdp")
     if offload_optimizer and name != "fsdp":
         raise Eagle3InputError("train.offload_optimizer needs train.parallel fsdp (FSDP2's CPU offload)")
+    if name == "fsdp" and dist.is_initialized():  # under torchrun, a group of one too (a check of the FSDP path)
+        return FSDPEngine(module, info, device, precision, offload_optimizer)
     if info.world_size == 1:
         return Engine(module, info, device)
-    if name == "fsdp":
-        return FSDPEngine(module, info, device, precision, offload_optimizer)
     return DDPEngine(module, info, device)

@@ -127,7 +127,7 @@ class Trainer:
         self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
         self.noise = FeatureNoise(cfg.noise)  # training batches only
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self.parallel = choose_engine(cfg.parallel, self.info, self.device, trainable * 16.0)  # fp32 w, g, m, v
+        self.parallel = choose_engine(cfg.parallel, self.info, self.device, trainable)
         self.engine = make_engine(self.parallel, TTTModule(self.model, self.objective), self.info, self.device,
                                   self.precision, cfg.optimizer, cfg.offload_optimizer)
 

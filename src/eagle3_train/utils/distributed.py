@@ -25,7 +25,7 @@ class DistInfo:
 
 def init_distributed(device_type: str) -> DistInfo:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun of one process: a group of one (FSDP)
         return DistInfo()
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
@@ -124,5 +124,5 @@ def barrier(info: DistInfo) -> None:
 
 
 def destroy(info: DistInfo) -> None:
-    if info.world_size > 1 and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()
