@@ -115,7 +115,8 @@ class TrainConfig:
         "training state would take over half a GPU, else ddp (`eagle3-train plan` shows both); a run resumes "
         "under either, on any number of processes dividing its micro-batches per step")
     offload_optimizer: bool = setting(False, "parallel fsdp: keep the sharded fp32 weights, gradients and optimizer "
-                                             "states in CPU memory (FSDP2's CPUOffloadPolicy; the step runs on CPU)")
+                                             "states in CPU memory (FSDP2's CPUOffloadPolicy; the step runs on CPU; "
+                                             "needs CUDA, not run by the tests)", experimental=True)
     release_host_memory: bool = setting(
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")
