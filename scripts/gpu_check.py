@@ -302,8 +302,10 @@ class Checker:
                 raise CheckFailed(f"{name}: exit {rc}: {_tail(output)}")
             return output
 
-        run(["--stop-after", str(steps // 2)], "fsdp-train")
-        shards = sorted(p.name for p in (self.work / "train-fsdp" / "checkpoints" / f"step-{steps // 2:07d}"
+        # stopped where a log window ends: the resumed run's windows are then the uninterrupted run's
+        stop = self.sizes["log"] if self.sizes["log"] < steps else steps // 2
+        run(["--stop-after", str(stop)], "fsdp-train")
+        shards = sorted(p.name for p in (self.work / "train-fsdp" / "checkpoints" / f"step-{stop:07d}"
                                          / "optimizer").iterdir())
         run(["--resume"], "fsdp-resume")
         meta = json.loads((self.work / "train-fsdp" / "training_metadata.json").read_text())
