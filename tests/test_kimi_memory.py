@@ -34,6 +34,6 @@ def test_bf16_training_keeps_the_verifier_tensors_in_bf16_and_out_of_the_optimiz
     assert t.inputs.lm_head.dtype == torch.bfloat16
     in_optimizer = {id(p) for group in t.optimizer.param_groups for p in group["params"]}
     assert id(embed) not in in_optimizer
-    assert all(p.dtype == torch.float32 for p in t.params)  # fp32 master weights
+    assert all(p.dtype == torch.float32 for p in t.engine.parameters())  # fp32 master weights
     result = t.run()
     assert result["step"] == 1 and torch.isfinite(torch.tensor(result["train"]["loss"]))
