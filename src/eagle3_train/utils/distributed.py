@@ -87,26 +87,26 @@ def broadcast_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place sum across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
+def _all_reduce_(t: torch.Tensor, info: DistInfo, op) -> torch.Tensor:
+    """In place across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
     if info.world_size > 1:
         if dist.get_backend() == "nccl" and t.device.type == "cpu":
             on_gpu = t.to(f"cuda:{info.local_rank}")
-            dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
+            dist.all_reduce(on_gpu, op=op)
             t.copy_(on_gpu.cpu())
         else:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            dist.all_reduce(t, op=op)
     return t
+
+
+def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """In-place sum across ranks."""
+    return _all_reduce_(t, info, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place maximum across ranks (CPU tensors round-trip through the GPU under NCCL)."""
-    if info.world_size > 1:
-        on = t.to(f"cuda:{info.local_rank}") if dist.get_backend() == "nccl" and t.device.type == "cpu" else t
-        dist.all_reduce(on, op=dist.ReduceOp.MAX)
-        if on is not t:
-            t.copy_(on.cpu())
-    return t
+    """In-place maximum across ranks."""
+    return _all_reduce_(t, info, dist.ReduceOp.MAX)
 
 
 def all_gather_object(obj, info: DistInfo) -> list:
