@@ -138,3 +138,52 @@ def test_muon_is_refused_under_fsdp_with_the_reason(stages, tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0 and "orthogonalises whole weight matrices" in proc.stderr
     assert "Traceback" not in proc.stderr.split("orthogonalises")[0][-2000:]
+
+
+IDLE_STEP = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import torch
+from safetensors.torch import save_file
+from stage_helpers import train_config
+from eagle3_train.train.batching import plan_batches
+from eagle3_train.train.trainer import Trainer
+from eagle3_train.utils.distributed import destroy
+
+root, out, engine = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+t = Trainer(train_config(root, out, precision="fp32", parallel=engine, max_steps=2))
+plan = plan_batches(t.train_data.lengths, t.cfg.token_budget, t.cfg.seed, 0)
+sums, tokens = t.train_step([plan[0]])  # one micro-batch for the step: under torchrun rank 1 has none
+val = t.evaluate()
+weights = t.engine.full_state_dict()
+if t.info.is_main:
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({{k: v.contiguous() for k, v in weights.items()}}, str(out / "weights.safetensors"))
+    (out / "result.json").write_text(json.dumps({{"loss": sums.summary()["loss"], "tokens": tokens,
+                                                  "val_loss": val["loss"], "world": t.info.world_size}}))
+destroy(t.info)
+"""
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_a_rank_without_a_micro_batch_runs_idle_and_the_step_is_one_processs(stages, tmp_path, engine):
+    """A rank short of micro-batches (the source skipped all of one) runs a batch that supervises nothing, so the
+    collectives stay in step: the update and the validation equal one process's on the same micro-batch."""
+    script = tmp_path / "idle_step.py"
+    script.write_text(IDLE_STEP.format(tests=str(Path(__file__).resolve().parent)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = subprocess.run([sys.executable, str(script), str(stages), str(tmp_path / "single"), engine],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                            str(_port()), str(script), str(stages), str(tmp_path / "ranks"), engine],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("single", "ranks"))
+    assert (a["world"], b["world"]) == (1, 2) and a["tokens"] == b["tokens"] > 0
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-6)
+    assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
+    wa, wb = (load_file(str(tmp_path / d / "weights.safetensors")) for d in ("single", "ranks"))
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=1e-5, atol=1e-6, msg=k)

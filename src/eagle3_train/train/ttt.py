@@ -136,9 +136,9 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
     sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
     for j in range(steps):
-        n = L - 2 - j  # positions t with a target token t+2+j inside the sequence
-        if n <= 0:
-            break
+        # positions t with a target token t+2+j inside the sequence; a step with none still runs (no rows, no loss):
+        # under FSDP every rank must call each unit equally often, whatever its batch's length
+        n = max(0, L - 2 - j)
         ids_j = F.pad(batch.input_ids[:, 1 + j:], (0, 1 + j))
         out = model.ttt_step(h, ids_j, positions + j, caches, recompute_mlp=checkpoint_mlp)
         sup = batch.loss_mask[:, 2 + j:2 + j + n]
