@@ -33,7 +33,7 @@ from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
 from eagle3_train.train.parallel import OPTIMIZER_DIR, TTTModule, choose_engine, make_engine
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
-from eagle3_train.train.resume import check_resumable
+from eagle3_train.train.resume import check_resumable, grad_accum_to_resume
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts
 from eagle3_train.utils.distributed import (
@@ -76,25 +76,14 @@ class Trainer:
             self._keep_global_batch()
 
     def _keep_global_batch(self) -> None:
-        """Resumed on another number of processes: grad_accum x world size (the micro-batches of one optimizer step)
-        is kept, so the run goes on with the same steps over the same data in the same order."""
+        """Resumed on another number of processes: grad_accum follows, so one step keeps its micro-batches."""
         latest = ckpt.latest_checkpoint(self.out) if self.out.is_dir() else None
-        run = ((ckpt.read_metadata(latest) or {}).get("run") or {}) if latest is not None else {}
-        before = ((ckpt.read_metadata(latest) or {}).get("settings") or {}) if latest is not None else {}
-        world, accum = run.get("world_size"), before.get("grad_accum")
-        if not isinstance(world, int) or not isinstance(accum, int) or world == self.info.world_size:
-            return
-        per_step = world * accum
-        if per_step % self.info.world_size:
-            raise Eagle3InputError(
-                f"cannot resume {latest} on {self.info.world_size} processes: it trained {world} x grad_accum "
-                f"{accum} = {per_step} micro-batches per step, which {self.info.world_size} processes cannot share "
-                f"evenly; resume on a number of processes dividing {per_step}")
-        new = per_step // self.info.world_size
-        if new != self.cfg.grad_accum:
-            log.warning("resuming a run of %d processes on %d: grad_accum %d -> %d keeps its %d micro-batches per "
-                        "step (the same data order)", world, self.info.world_size, self.cfg.grad_accum, new, per_step)
+        new = None if latest is None else grad_accum_to_resume(latest, self.info.world_size)
+        if new is not None and new != self.cfg.grad_accum:
+            log.warning("resuming %s on %d processes: grad_accum %d -> %d keeps its micro-batches per step (the same "
+                        "data order)", latest, self.info.world_size, self.cfg.grad_accum, new)
             self.cfg.grad_accum = new
+
     def _setup_model(self) -> None:
         """The run's inputs, the draft (built, or a finetune source read, checked, then loaded into a draft of its own
         architecture), the frozen tensors in their dtype, everything on the device and the same on every rank."""
@@ -127,8 +116,8 @@ class Trainer:
         self.objective = Objective.from_config(cfg)  # how a batch becomes a loss (train/objective.py)
         self.noise = FeatureNoise(cfg.noise)  # training batches only
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self.parallel = choose_engine(cfg.parallel, self.info, self.device, trainable)
-        self.engine = make_engine(self.parallel, TTTModule(self.model, self.objective), self.info, self.device,
+        engine = choose_engine(cfg.parallel, self.info, self.device, trainable)
+        self.engine = make_engine(engine, TTTModule(self.model, self.objective), self.info, self.device,
                                   self.precision, cfg.optimizer, cfg.offload_optimizer)
 
     def _setup_optimizer(self) -> None:
@@ -181,7 +170,6 @@ class Trainer:
         return {**self.optimizer.scheduler_state_dict(),
                 "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "tokens_seen": self.tokens_seen, "best": self.best, "rng": rng_ranks[0], "rng_ranks": rng_ranks,
-                "world_size": self.info.world_size, "grad_accum": self.cfg.grad_accum,
                 "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
                 "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
                 "metrics_lines": self.metrics.lines}
@@ -225,7 +213,7 @@ class Trainer:
         if (latest / OPTIMIZER_DIR).is_dir():
             self.engine.load_optimizer(latest, self.optimizer.optimizers)
             self.optimizer.load_scheduler_state_dict(state, str(latest))
-        elif self.engine.name == "fsdp":
+        elif self.engine.sharded:
             raise Eagle3InputError(f"cannot resume {latest} under train.parallel fsdp: it was written before "
                                    f"optimizer states were sharded ({OPTIMIZER_DIR}/ missing); resume it with "
                                    f"train.parallel ddp")
@@ -257,17 +245,17 @@ class Trainer:
             return self.engine.module(batch, targets, denominators)
 
     def _idle_batch(self) -> Batch:
-        """A batch that supervises nothing: a rank short of micro-batches (the source skipped all of one) runs it,
-        so every rank takes part in the same number of forward passes and gradient reductions."""
+        """A batch that supervises nothing, on the device: a rank short of micro-batches (the source skipped all of
+        one) runs it, so every rank takes part in the same number of forward passes and gradient reductions."""
         aux = self.model.config.aux_hidden_size
         return Batch(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.bool),
                      torch.zeros(1, 4, 3 * aux), torch.zeros(1, 4, self.inputs.lm_head.shape[1]),
-                     torch.tensor([4]))
+                     torch.tensor([4])).to(self.device, torch.float32)
 
-    def _padded(self, batches: list) -> list:
-        """`batches`, then idle ones up to the most any rank has (real batches first, so the last reduces)."""
-        most = int(all_reduce_max(torch.tensor([len(batches)], dtype=torch.float64), self.info).item())
-        return batches + [None] * (most - len(batches))
+    def _short_of(self, forwards: int) -> int:
+        """Forward passes this rank, having run `forwards`, must add to match the rank that runs the most."""
+        most = int(all_reduce_max(torch.tensor([forwards], dtype=torch.float64), self.info).item())
+        return most - forwards
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
@@ -298,10 +286,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = StepSums(cfg.ttt_steps)
         tokens = 0
-        padded = self._padded(batches)
+        padded = batches + [None] * self._short_of(len(batches))  # real batches first: the last one reduces
         for i, b in enumerate(padded):
             idle = b is None
-            b = self.noise((self._idle_batch() if idle else b).to(self.device, torch.float32))  # training only
+            b = self._idle_batch() if idle else self.noise(b.to(self.device, torch.float32))  # training only
             with self.engine.sync(last=i == len(padded) - 1):
                 loss, s = self._forward(b, denom.to(self.device))
                 (loss * (0.0 if idle else self.engine.loss_scale)).backward()
@@ -324,8 +312,8 @@ class Trainer:
         """Stop (every rank sees the same reduced numbers) at a step whose loss or gradients are not finite."""
         if math.isfinite(self.grad_norm) and bool(torch.isfinite(sums.values).all()):
             return
-        grads = ((n, getattr(p.grad, "_local_tensor", p.grad)) for n, p in self.model.named_parameters()
-                 if p.grad is not None)  # under FSDP: this rank's shard
+        grads = ((n, p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)  # FSDP: this rank's shard
+                 for n, p in self.model.named_parameters() if p.grad is not None)
         found = first_non_finite(grads)
         what = f"the gradient of '{found[0]}' ({found[1]} of {found[2]} values)" if found else "the loss"
         raise Eagle3InputError(
@@ -345,16 +333,19 @@ class Trainer:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
         skipped_before = data.skipped
-        # every sample skipped by the source: None (counted there); FSDP gathers weights in every forward, so a
-        # rank with fewer batches runs idle ones
-        mine = [data.batch(b) for b in plan[self.info.rank::self.info.world_size]]
-        for batch in self._padded([b for b in mine if b is not None]):
-            idle = batch is None
-            batch = (self._idle_batch() if idle else batch).to(self.device, torch.float32)
+        forwards = 0
+        for b in plan[self.info.rank::self.info.world_size]:
+            batch = data.batch(b)
+            if batch is None:  # every sample skipped by the source (counted there)
+                continue
+            batch = batch.to(self.device, torch.float32)
             denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
-            if not idle:
-                sums.add(s)
+            sums.add(s)
+            forwards += 1
+        for _ in range(self._short_of(forwards)):  # FSDP gathers weights in every forward: the ranks run as many
+            idle = self._idle_batch()
+            self._forward(idle, supervised_counts(idle.loss_mask, self.cfg.ttt_steps).to(self.device))
         all_reduce_sum_(sums.values, self.info)
         skipped = all_reduce_sum_(torch.tensor([data.skipped - skipped_before], dtype=torch.float64), self.info)
         self.skipped_now += int(skipped.item())
