@@ -413,7 +413,7 @@ def plan(s: PlanSettings) -> Plan:
                            or vcfg.get("dtype") or "bfloat16")
     by_engine = {e: memory_per_rank(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype, e)
                  for e in ("ddp", "fsdp")}
-    engine = _engine(s, params["trainable"], {e: m["peak"] for e, (m, _) in by_engine.items()})
+    engine = _engine(s, params["trainable"])
     mem, detail = by_engine[engine]
     host = _host_memory(detail, mem, s)
     mem["saved_by_term"] = detail["saved_by_term"]
@@ -448,7 +448,7 @@ def plan(s: PlanSettings) -> Plan:
     if source_vocab is not None and s.draft_vocab != source_vocab:
         notes.append(f"draft vocabulary: {s.draft_vocab} rows, rebuilt from this run's data (the source has "
                      f"{source_vocab}): `train --finetune-vocab rebuild` with a vocabulary of that size")
-    rec = _recommend(modes, mem_ok, disk_ok, s, mem["by_engine"]["fsdp"]["fits"])
+    rec = _recommend(modes, mem_ok, disk_ok, s, engine, mem["by_engine"]["fsdp"]["fits"])
     fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
     if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
         rec += (f"; fp8 storage ({_b(fp8_total)}) would fit offline/hybrid, where extract offers it and the loss "
@@ -481,21 +481,18 @@ def communication_per_step(params: dict[str, int], s: PlanSettings) -> dict[str,
                      "across_nodes": int(inter * (gather + scatter))}}
 
 
-def _engine(s: PlanSettings, trainable: int, peaks: dict[str, int]) -> str:
-    """train.parallel as the trainer resolves it (`auto_parallel`), and fsdp where only it fits the GPU."""
+def _engine(s: PlanSettings, trainable: int) -> str:
+    """train.parallel as the trainer resolves it (`auto_parallel`); where that does not fit and fsdp does, the
+    recommendation says to set fsdp."""
     if s.parallel in ("ddp", "fsdp"):
         return s.parallel
-    gpu = s.gpu_memory_gb * GB if s.gpu_memory_gb else None
-    chosen = auto_parallel(s.gpus, trainable, gpu)
-    if chosen == "ddp" and s.gpus > 1 and gpu and peaks["ddp"] > gpu >= peaks["fsdp"]:
-        return "fsdp"
-    return chosen
+    return auto_parallel(s.gpus, trainable, s.gpu_memory_gb * GB if s.gpu_memory_gb else None)
 
 
 def _host_memory(detail: dict[str, Any], mem: dict[str, Any], s: PlanSettings) -> dict[str, Any]:
     host = dict(detail["host"])
     host["total"] = sum(host.values())
-    host["per_node"] = -(-s.gpus // s.nodes) * host["total"]  # one process per GPU, each with its own copies
+    host["per_node"] = s.gpus // s.nodes * host["total"]  # one process per GPU, each with its own copies
     host["verifier_page_cache"] = detail["page_cache"]  # file-backed, once per node (not in the totals)
     if s.device == "cpu":  # one memory: the device terms plus the loaded verifier tensors and the stored-dtype batch
         host["process_total"] = mem["peak"] + host["total"]  # anonymous memory: what the benchmark measures
@@ -609,9 +606,9 @@ def _smaller_step(s: PlanSettings) -> str:
 
 
 def _recommend(modes: dict, mem_ok: bool | None, disk_ok: bool | None, s: PlanSettings,
-               sharded_fits: bool | None = None) -> str:
+               engine: str = "ddp", sharded_fits: bool | None = None) -> str:
     if mem_ok is False:
-        if sharded_fits and s.parallel == "ddp":
+        if sharded_fits and engine == "ddp":
             return "nothing fits replicated (train.parallel ddp): train.parallel fsdp fits (--parallel fsdp)"
         return f"nothing fits: the training peak per rank exceeds --gpu-memory; {_smaller_step(s)}"
     if mem_ok is None or disk_ok is None:
@@ -687,9 +684,8 @@ def format_plan(p: Plan) -> str:
                      + ("  <- recommended" if e == m["engine"] else ""))
     hm = p.host_memory
     lines.append(f"host RAM per rank: {_b(hm['total'])} (fp32 copies of the verifier embedding/lm_head unless stored "
-                 f"in fp32, batches); {_b(hm['per_node'])} for the {-(-s['gpus'] // s['nodes'])} rank(s) of a node, "
-                 f"plus "
-                 f"{_b(hm['verifier_page_cache'])} of page cache for the memory-mapped verifier tensors"
+                 f"in fp32, batches); {_b(hm['per_node'])} for the {s['gpus'] // s['nodes']} rank(s) of a node, "
+                 f"plus {_b(hm['verifier_page_cache'])} of page cache for the memory-mapped verifier tensors"
                  + (f"; CPU training, whole process: {_b(hm['process_total'])}" if "process_total" in hm else ""))
     lines.append("modes:")
     for name, md in p.modes.items():
@@ -722,7 +718,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=1, help="machines the ranks are spread over")
     p.add_argument("--gpus-per-node", type=int, help="ranks per node: --gpus = --nodes x this")
     p.add_argument("--parallel", default="auto", choices=("auto", "ddp", "fsdp"),
-                   help="train.parallel to plan (auto: as the trainer decides, fsdp where only it fits)")
+                   help="train.parallel to plan (auto: as the trainer decides)")
     p.add_argument("--offload-optimizer", action="store_true", help="train.offload_optimizer (fsdp)")
     p.add_argument("--gpu-memory", dest="gpu_memory_gb", type=float, help="GB per GPU")
     p.add_argument("--disk", dest="disk_tb", type=float, help="TB free for hidden states")
