@@ -13,8 +13,8 @@ first ShareGPT conversations) and `prompts.txt`. Parts:
   extract-torchrun: the extract stage under `torchrun --nproc_per_node gpu` (a verifier replica per GPU, disjoint
             shards, one store), its tensors compared with the single-process store's
   fsdp:     `train --set train.parallel=fsdp` under torchrun (NCCL; one GPU: a group of one rank, every FSDP2 piece
-            runs: bf16 all-gather, fp32 reduce-scatter, the sharded optimizer checkpoint), stopped, resumed, exported
-            and reloaded; its losses against the torchrun part's (same steps, replicated)
+            runs: bf16 all-gather, fp32 reduce-scatter, the sharded optimizer checkpoint), stopped, resumed and
+            exported; its losses against the torchrun part's (same steps, replicated)
   bench:    benchmarks/gpu_train_throughput.py (Llama-3.1-8B and Kimi-K2 shapes, TTT 7 and 3, checkpointing on/off)
 
   python3 scripts/gpu_check.py --out "$OUT"              # on the GPU machine (scripts/gpu_check.sh sets it up)
@@ -263,12 +263,17 @@ class Checker:
             raise CheckFailed(f"exit {rc}: {_tail(output)}")
         return _last_json(output) or {}
 
-    def torchrun_part(self) -> dict[str, Any]:
+    def torchrun_train(self, out: str, steps: int, extra: list[str], name: str) -> str:
+        """The train stage under `torchrun --nproc_per_node 1`; its output."""
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
-                "eagle3_train.cli", *self.train_args(self.p("train-ddp"), self.sizes["ddp_steps"], [])]
-        rc, output = self.sh(argv, 240, "torchrun")
+                "eagle3_train.cli", *self.train_args(out, steps, extra)]
+        rc, output = self.sh(argv, 240, name)
         if rc != 0:
-            raise CheckFailed(f"exit {rc}: {_tail(output)}")
+            raise CheckFailed(f"{name}: exit {rc}: {_tail(output)}")
+        return output
+
+    def torchrun_part(self) -> dict[str, Any]:
+        output = self.torchrun_train(self.p("train-ddp"), self.sizes["ddp_steps"], [], "torchrun")
         losses = _train_losses(self.work / "train-ddp" / "metrics.jsonl")
         if not losses or not all(math.isfinite(x) for _, x in losses):
             raise CheckFailed(f"losses missing or not finite: {losses}")
@@ -293,21 +298,12 @@ class Checker:
         steps = self.sizes["ddp_steps"]
         out = self.p("train-fsdp")
         fsdp = ["--set", "train.parallel=fsdp", "--save-every", "1"]
-
-        def run(extra: list[str], name: str) -> str:
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m",
-                    "eagle3_train.cli", *self.train_args(out, steps, fsdp + extra)]
-            rc, output = self.sh(argv, 240, name)
-            if rc != 0:
-                raise CheckFailed(f"{name}: exit {rc}: {_tail(output)}")
-            return output
-
         # stopped where a log window ends: the resumed run's windows are then the uninterrupted run's
         stop = self.sizes["log"] if self.sizes["log"] < steps else steps // 2
-        run(["--stop-after", str(stop)], "fsdp-train")
+        self.torchrun_train(out, steps, [*fsdp, "--stop-after", str(stop)], "fsdp-train")
         shards = sorted(p.name for p in (self.work / "train-fsdp" / "checkpoints" / f"step-{stop:07d}"
                                          / "optimizer").iterdir())
-        run(["--resume"], "fsdp-resume")
+        self.torchrun_train(out, steps, [*fsdp, "--resume"], "fsdp-resume")
         meta = json.loads((self.work / "train-fsdp" / "training_metadata.json").read_text())
         if meta["run"].get("parallel") != "fsdp" or meta["progress"]["step"] != steps:
             raise CheckFailed(f"not an FSDP run to step {steps}: {meta['run']}, {meta['progress']}")
