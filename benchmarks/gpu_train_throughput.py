@@ -37,7 +37,6 @@ from eagle3_train.train.build import build_model  # noqa: E402
 from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
-from eagle3_train.train.objective import FeatureNoise, Objective  # noqa: E402
 from eagle3_train.train.optimizer import (
     DraftOptimizer,  # noqa: E402
     lr_lambda,  # noqa: E402
@@ -132,11 +131,10 @@ class SyntheticTrainer(Trainer):
         self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.train_data, self.val_data = samples, None
         self.micro_per_step = 1
+        self._setup_parallel()  # the objective, the noise and the (one-process) engine, as the trainer sets them
         self.optimizer = DraftOptimizer(self.model, cfg, lr_lambda(1000, cfg.warmup_ratio, cfg.min_lr_ratio))
-        self.objective, self.noise = Objective.from_config(cfg), FeatureNoise(cfg.noise)
         self.skipped_now, self.skipped_before = 0, 0
 
 
@@ -185,7 +183,7 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device, repor
                                             precision=args.precision, device=str(device), tensorboard=False),
                           "benchmark")
     trainer = SyntheticTrainer(base, inputs, samples, device)
-    n_params = sum(p.numel() for p in trainer.params)
+    n_params = sum(p.numel() for p in trainer.engine.parameters())
     static = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     setup_s = round(time.perf_counter() - t0, 1)
     for ttt in ttts:
@@ -193,7 +191,7 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device, repor
             ck_loss, ck_mlp = {"on": (True, True), "off": (False, False), "loss": (True, False),
                                "mlp": (False, True)}[ck]
             trainer.cfg = dataclasses.replace(base, ttt_steps=ttt, checkpoint_loss=ck_loss, checkpoint_mlp=ck_mlp)
-            trainer.objective = Objective.from_config(trainer.cfg)
+            trainer._setup_parallel()  # the engine's forward reads the objective of these settings
             rec = {"shape": name, "ttt_steps": ttt, "checkpoint_loss": ck_loss, "checkpoint_mlp": ck_mlp,
                    "batch": args.batch, "seq_len": seq_len, "draft_vocab": draft_vocab, "precision": trainer.precision,
                    "trainable_params_m": round(n_params / 1e6, 1), "setup_s": setup_s,

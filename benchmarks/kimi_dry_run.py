@@ -82,7 +82,8 @@ def part_fwd_bwd(work: Path) -> dict:
     model = trainer.model
     return {"part": "fwd-bwd", "hidden": hidden, "vocab": model.config.vocab_size,
             "draft_vocab": model.config.draft_vocab_size, "ttt_steps": cfg.ttt_steps,
-            "token_budget": cfg.token_budget, "trainable_parameters": sum(p.numel() for p in trainer.params),
+            "token_budget": cfg.token_budget,
+            "trainable_parameters": sum(p.numel() for p in trainer.engine.parameters()),
             "embed_dtype": str(model.embed_tokens.weight.dtype), "setup_s": round(setup_s, 1),
             "build_s": round(build_s, 1), "one_step_and_validation_s": round(step_s, 1),
             "loss": result["train"]["loss"], "peak_rss_gib_after_setup": round(rss_setup, 2),

@@ -53,7 +53,7 @@ def phases(trainer: Trainer, micro: list[list[int]]) -> dict[str, float]:
         t["backward"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     with record_function("optimizer"):
-        torch.nn.utils.clip_grad_norm_(trainer.params, 0.5)
+        torch.nn.utils.clip_grad_norm_(trainer.engine.parameters(), 0.5)
         trainer.optimizer.step()
     t["optimizer"] = time.perf_counter() - t0
     t["tokens"] = sum(b.num_tokens for b in batches)

@@ -1,5 +1,5 @@
-"""Online and hybrid training under real `torchrun` (2 CPU processes, gloo) against ONE real vLLM CPU hidden-state
-server (shared by the module) serving a tiny random Llama:
+"""Online and hybrid training under real `torchrun` (2 CPU processes, gloo, FSDP2: `train.parallel fsdp`) against ONE
+real vLLM CPU hidden-state server (shared by the module) serving a tiny random Llama:
 
 - online: each rank fetches its own micro-batches; the loss curve is the single-process online run's on the same data
   and seed, and samples the server rejects (longer than its context) are skipped and counted over all ranks, the same
@@ -110,11 +110,11 @@ def _free_port() -> int:
 
 
 def torchrun_train(root: Path, out: Path, prepared: str, *args: str) -> dict:
-    """`torchrun --nproc-per-node 2 -m eagle3_train.cli train` with the settings of `train_config` (grad_accum 1:
-    the two ranks together take the micro-batches one process takes with grad_accum 2)."""
+    """`torchrun --nproc-per-node 2 -m eagle3_train.cli train` under FSDP with the settings of `train_config`
+    (grad_accum 1: the two ranks together take the micro-batches one process takes with grad_accum 2)."""
     flags = ["--prepared", str(root / prepared), "--vocab", str(root / "vocab"), "--out", str(out), "--ttt-steps",
              "3", "--token-budget", "512", "--lr", "3e-3", "--seed", "0", "--log-every", "1", "--warmup-ratio", "0.1",
-             "--no-tensorboard", *args]
+             "--no-tensorboard", "--set", "train.parallel=fsdp", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            str(_free_port()), "-m", "eagle3_train.cli", "train", *flags],
@@ -143,7 +143,8 @@ def test_online_under_torchrun_gives_the_single_process_curve_and_counts_skips_o
                                 grad_accum=2))
     meta = torchrun_train(stages, tmp_path / "ranks", "prepared-long", "--hidden-states-mode", "online", "--endpoint",
                           server.base_url, "--epochs", "2", "--hidden-states-dir", str(server.hidden_states_dir))
-    assert meta["run"]["world_size"] == 2 and meta["progress"]["step"] == single["step"]
+    assert (meta["run"]["world_size"], meta["run"]["parallel"]) == (2, "fsdp")
+    assert meta["progress"]["step"] == single["step"]
     a, b = curve(tmp_path / "ranks"), curve(tmp_path / "single")
     assert close(a, b), (a, b)
     assert close(curve(tmp_path / "ranks", "validation"), curve(tmp_path / "single", "validation"), at_least=2)

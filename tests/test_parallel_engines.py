@@ -160,6 +160,7 @@ if t.info.is_main:
     save_file({{k: v.contiguous() for k, v in weights.items()}}, str(out / "weights.safetensors"))
     (out / "result.json").write_text(json.dumps({{"loss": sums.summary()["loss"], "tokens": tokens,
                                                   "val_loss": val["loss"], "world": t.info.world_size}}))
+t.release()  # DDP/FSDP hold the group: released before it is destroyed, as train() does
 destroy(t.info)
 """
 

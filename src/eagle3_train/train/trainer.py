@@ -8,6 +8,7 @@ micro-batches).
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -38,7 +39,6 @@ from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts
 from eagle3_train.utils.distributed import (
     all_gather_object,
-    all_reduce_max,
     all_reduce_sum_,
     barrier,
     destroy,
@@ -252,10 +252,11 @@ class Trainer:
                      torch.zeros(1, 4, 3 * aux), torch.zeros(1, 4, self.inputs.lm_head.shape[1]),
                      torch.tensor([4])).to(self.device, torch.float32)
 
-    def _short_of(self, forwards: int) -> int:
-        """Forward passes this rank, having run `forwards`, must add to match the rank that runs the most."""
-        most = int(all_reduce_max(torch.tensor([forwards], dtype=torch.float64), self.info).item())
-        return most - forwards
+    def _slots(self, items: list) -> int:
+        """Forward passes every rank runs over its share `items[rank::world]` of `items`: rank 0's share, the
+        largest. FSDP gathers weights in every forward, so a rank whose share is shorter, or whose batch the source
+        skipped whole, runs idle batches in those slots; the count needs no communication."""
+        return len(items[::self.info.world_size])
 
     def rank_batches(self, micro: list[list[int]]) -> list:
         """This rank's share of a step's micro-batches (each rank fetches only its own), samples skipped left out."""
@@ -286,7 +287,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = StepSums(cfg.ttt_steps)
         tokens = 0
-        padded = batches + [None] * self._short_of(len(batches))  # real batches first: the last one reduces
+        padded = batches + [None] * (self._slots(micro) - len(batches))  # real batches first: the last reduces
         for i, b in enumerate(padded):
             idle = b is None
             b = self._idle_batch() if idle else self.noise(b.to(self.device, torch.float32))  # training only
@@ -333,19 +334,16 @@ class Trainer:
             plan = plan[:self.cfg.max_eval_batches]
         sums = StepSums(self.cfg.ttt_steps)
         skipped_before = data.skipped
-        forwards = 0
-        for b in plan[self.info.rank::self.info.world_size]:
-            batch = data.batch(b)
-            if batch is None:  # every sample skipped by the source (counted there)
-                continue
-            batch = batch.to(self.device, torch.float32)
+        mine = plan[self.info.rank::self.info.world_size]
+        for i in range(self._slots(plan)):
+            # None: every sample skipped by the source (counted there), or this rank's share ended
+            batch = data.batch(mine[i]) if i < len(mine) else None
+            idle = batch is None
+            batch = self._idle_batch() if idle else batch.to(self.device, torch.float32)
             denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
-            sums.add(s)
-            forwards += 1
-        for _ in range(self._short_of(forwards)):  # FSDP gathers weights in every forward: the ranks run as many
-            idle = self._idle_batch()
-            self._forward(idle, supervised_counts(idle.loss_mask, self.cfg.ttt_steps).to(self.device))
+            if not idle:
+                sums.add(s)
         all_reduce_sum_(sums.values, self.info)
         skipped = all_reduce_sum_(torch.tensor([data.skipped - skipped_before], dtype=torch.float64), self.info)
         self.skipped_now += int(skipped.item())
@@ -372,6 +370,13 @@ class Trainer:
             aside = set_aside(self.out)
             log.warning("--overwrite: moved the run in %s to %s", self.out, aside)
         barrier(self.info)
+
+    def release(self) -> None:
+        """Drop the draft, its engine and optimizer: DDP's reducer and FSDP's mesh hold the process group, which must
+        go before the group is destroyed (a gloo group whose last holder went after destroy_process_group hung
+        joining its threads at exit). An exception's traceback may still hold this trainer, not these."""
+        self.engine = self.model = self.optimizer = None
+        gc.collect()
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -492,7 +497,6 @@ class Trainer:
                   "best": self.best, "tokens_per_s": train_rate, "skipped_samples": self.skipped_samples(),
                   "timing": timing_record(self.timing, self.train_data.source)}
         if stopped:
-            destroy(self.info)
             return {**result, "stopped": True}
         result["final_checkpoint"] = str(self.out / "checkpoints" / f"step-{self.step:07d}")
         weights = self.engine.full_state_dict()
@@ -507,7 +511,6 @@ class Trainer:
             from eagle3_train.train.plots import plot_metrics
 
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")
-        destroy(self.info)
         return result
 
     def _validate(self) -> None:
@@ -527,4 +530,9 @@ class Trainer:
 def train(cfg: TrainConfig, verifier: Verifier | None = None) -> dict[str, Any]:
     """Train (or finetune) a draft; `verifier`: the one the caller resolved (default: `cfg.verifier`, else the one
     the hidden states or prepared data record)."""
-    return Trainer(cfg, verifier).run()
+    trainer = Trainer(cfg, verifier)
+    try:
+        return trainer.run()
+    finally:
+        trainer.release()
+        destroy(trainer.info)

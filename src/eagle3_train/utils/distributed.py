@@ -17,6 +17,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    owns_group: bool = False  # this process group was created here (destroy() ends it, even in a world of one)
 
     @property
     def is_main(self) -> bool:
@@ -27,9 +28,10 @@ def init_distributed(device_type: str) -> DistInfo:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun of one process: a group of one (FSDP)
         return DistInfo()
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    info = DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    info = DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), owns)
     if device_type == "cpu":
         # Share the cores between the local processes instead of oversubscribing them.
         local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -87,26 +89,16 @@ def broadcast_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def _all_reduce_(t: torch.Tensor, info: DistInfo, op) -> torch.Tensor:
-    """In place across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
+def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """In-place sum across ranks; CPU bookkeeping tensors take a round trip through the GPU under NCCL."""
     if info.world_size > 1:
         if dist.get_backend() == "nccl" and t.device.type == "cpu":
             on_gpu = t.to(f"cuda:{info.local_rank}")
-            dist.all_reduce(on_gpu, op=op)
+            dist.all_reduce(on_gpu, op=dist.ReduceOp.SUM)
             t.copy_(on_gpu.cpu())
         else:
-            dist.all_reduce(t, op=op)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def all_reduce_sum_(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place sum across ranks."""
-    return _all_reduce_(t, info, dist.ReduceOp.SUM)
-
-
-def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place maximum across ranks."""
-    return _all_reduce_(t, info, dist.ReduceOp.MAX)
 
 
 def all_gather_object(obj, info: DistInfo) -> list:
@@ -124,5 +116,5 @@ def barrier(info: DistInfo) -> None:
 
 
 def destroy(info: DistInfo) -> None:
-    if dist.is_initialized():
+    if (info.world_size > 1 or info.owns_group) and dist.is_initialized():
         dist.destroy_process_group()
