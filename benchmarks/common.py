@@ -11,6 +11,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from eagle3_train.evaluate.pipeline_eval import acceptance_summary
@@ -54,6 +56,33 @@ def machine() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+# --- peak memory of this process -------------------------------------------------------------------------------
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def anon_rss() -> int:
+    """Resident anonymous bytes: /proc/self/statm resident - shared (file-backed) pages."""
+    fields = Path("/proc/self/statm").read_text().split()
+    return (int(fields[1]) - int(fields[2])) * PAGE
+
+
+class PeakSampler(threading.Thread):
+    def __init__(self, interval: float = 0.002):
+        super().__init__(daemon=True)
+        self.interval, self.peak, self._halt = interval, anon_rss(), threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.peak = max(self.peak, anon_rss())
+            time.sleep(self.interval)
+
+    def stop(self) -> int:
+        self._halt.set()
+        self.join()
+        self.peak = max(self.peak, anon_rss())
+        return self.peak
 
 
 def run_child(cmd: list[str], env: dict[str, str] | None = None) -> dict:

@@ -25,37 +25,11 @@ import os
 import platform
 import resource
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import OUT, build_data, cpu_model, run_child  # noqa: E402  (reuse the same data and machine record)
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def anon_rss() -> int:
-    """Resident anonymous bytes: /proc/self/statm resident - shared (file-backed) pages."""
-    fields = Path("/proc/self/statm").read_text().split()
-    return (int(fields[1]) - int(fields[2])) * PAGE
-
-
-class PeakSampler(threading.Thread):
-    def __init__(self, interval: float = 0.002):
-        super().__init__(daemon=True)
-        self.interval, self.peak, self._halt = interval, anon_rss(), threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self.peak = max(self.peak, anon_rss())
-            time.sleep(self.interval)
-
-    def stop(self) -> int:
-        self._halt.set()
-        self.join()
-        self.peak = max(self.peak, anon_rss())
-        return self.peak
+from common import OUT, PeakSampler, anon_rss, build_data, cpu_model, run_child  # noqa: E402  (shared with the others)
 
 
 def run_one(ttt_steps: int, steps: int, threads: int | None) -> dict:

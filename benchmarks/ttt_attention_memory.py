@@ -1,10 +1,12 @@
 """Later-step TTT attention: explicit softmax over [prefix scores | diagonal scores], one masked SDPA call over
-concatenated keys, and masked SDPA calls per query block (`model.draft.ttt_attention`, what the draft runs now). Same
-outputs; prints time and peak RSS of fwd+bwd over 7 steps, one process per variant.
+concatenated keys, masked SDPA calls per query block (`masked_ttt_attention`, the fallback) and the causal kernel
+merged with the diagonal through logsumexp (`ttt_attention`, what the draft runs). Same outputs; prints time and peak
+RSS of fwd+bwd over 7 steps, one process per variant.
 
   .venv/bin/python benchmarks/ttt_attention_memory.py explicit
   .venv/bin/python benchmarks/ttt_attention_memory.py sdpa
   .venv/bin/python benchmarks/ttt_attention_memory.py blocks
+  .venv/bin/python benchmarks/ttt_attention_memory.py merged
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from eagle3_train.model.attention import ttt_attention
+from eagle3_train.model.ttt_attention import masked_ttt_attention, ttt_attention
 
 B, H, KVH, L, D, STEPS = 4, 9, 3, 512, 64, 7
 
@@ -40,17 +42,22 @@ def sdpa(q, k0, v0, kd, vd):
 
 
 def blocks(q, k0, v0, kd, vd):
+    return masked_ttt_attention(q, k0, v0, kd, vd)
+
+
+def merged(q, k0, v0, kd, vd):
     return ttt_attention(q, k0, v0, kd, vd)
 
 
 def main() -> None:
-    fn = {"explicit": explicit, "sdpa": sdpa, "blocks": blocks}[sys.argv[1] if len(sys.argv) > 1 else "blocks"]
+    fn = {"explicit": explicit, "sdpa": sdpa, "blocks": blocks, "merged": merged}[
+        sys.argv[1] if len(sys.argv) > 1 else "merged"]
     torch.manual_seed(0)
     q = [torch.randn(B, H, L, D, requires_grad=True) for _ in range(STEPS)]
     k = [torch.randn(B, KVH, L, D, requires_grad=True) for _ in range(STEPS)]
     v = [torch.randn(B, KVH, L, D, requires_grad=True) for _ in range(STEPS)]
     with torch.no_grad():
-        for other in (sdpa, blocks):
+        for other in (sdpa, blocks, merged):
             torch.testing.assert_close(explicit(q[3], k[0], v[0], k[1:4], v[1:4]),
                                        other(q[3], k[0], v[0], k[1:4], v[1:4]), rtol=1e-4, atol=1e-5)
     t0 = time.perf_counter()

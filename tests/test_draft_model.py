@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle3_train.model.attention import DraftAttention
+from eagle3_train.model.attention import TTTAttention
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 
@@ -45,9 +45,11 @@ def chain_logits(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: in
 
 @pytest.mark.parametrize("options", [{}, {"norm_before_residual": True}, {"norm_output": True, "norm_before_fc": True},
                                      {"fc_norm": True}, {"num_layers": 2}])
-@pytest.mark.parametrize("query_block", [None, 5])  # one SDPA call per step; blocks of 5 queries, the last ragged
-def test_ttt_matches_chain_decoding(options, query_block, monkeypatch):
-    monkeypatch.setattr(DraftAttention, "ttt_query_block", query_block)
+# the merged kernel; masked: one SDPA call per step, blocks of 5 queries (the last ragged)
+@pytest.mark.parametrize("merged,query_block", [(True, None), (False, None), (False, 5)])
+def test_ttt_matches_chain_decoding(options, merged, query_block, monkeypatch):
+    monkeypatch.setattr(TTTAttention, "ttt_merged", merged)
+    monkeypatch.setattr(TTTAttention, "ttt_query_block", query_block)
     torch.manual_seed(0)
     model = Eagle3Draft(tiny_config(**options)).eval()
     L, steps = 12, 4
@@ -78,16 +80,20 @@ def test_padding_does_not_change_valid_positions():
         torch.testing.assert_close(batched[j][0, :n], alone[j][0, :n], rtol=1e-4, atol=1e-5)
 
 
-def test_query_blocks_give_the_same_outputs_and_gradients(monkeypatch):
-    """Blocked TTT attention is the one-call attention computed in pieces: same logits, same weight gradients, on a
-    right-padded batch."""
+@pytest.mark.parametrize("options", [{}, {"architecture": "mla", "num_key_value_heads": 4, "head_dim": 24,
+                                           "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                                           "qk_rope_head_dim": 8, "v_head_dim": 16}])
+def test_ttt_kernels_give_the_same_outputs_and_gradients(options, monkeypatch):
+    """The merged kernel and the masked blocks compute one function: same logits, same weight gradients, on a
+    right-padded batch, for the Llama (GQA) and MLA layers."""
     torch.manual_seed(2)
-    model = Eagle3Draft(tiny_config(num_layers=2))
+    model = Eagle3Draft(tiny_config(num_layers=2, **options))
     aux, ids = torch.randn(2, 23, 192), torch.randint(0, 200, (2, 23))
     aux[0, 15:], ids[0, 15:] = 0, 0
     results = []
-    for block in (None, 4, 7):
-        monkeypatch.setattr(DraftAttention, "ttt_query_block", block)
+    for merged, block in ((False, None), (False, 4), (False, 7), (True, None)):
+        monkeypatch.setattr(TTTAttention, "ttt_merged", merged)
+        monkeypatch.setattr(TTTAttention, "ttt_query_block", block)
         model.zero_grad()
         logits = ttt_logits(model, aux, ids, 5)
         sum((x * torch.linspace(-1, 1, x.shape[-1])).sum() for x in logits).backward()
@@ -151,3 +157,29 @@ def test_exports_carry_the_verifiers_rope_type(scaling):
         assert layer["rope_scaling"]["rope_type"] == layer["rope_scaling"].get("type", kind) == kind
         served = LlamaRotaryEmbedding(LlamaConfig.from_dict(layer))(x, pos)
         assert torch.equal(served[0], trained[0]) and torch.equal(served[1], trained[1])
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_merged_kernel_is_the_masked_attention(dtype, tol):
+    """The merged kernel against the masked reference at one TTT step: outputs and the gradients of queries, step-0
+    keys/values and every diagonal key/value (GQA, 3 query heads per key head); bf16 within the rounding of both."""
+    from eagle3_train.model.ttt_attention import check_merged, masked_ttt_attention, ttt_attention
+
+    torch.manual_seed(3)
+    B, L, d, j = 2, 37, 16, 4
+    make = lambda h: torch.randn(B, h, L, d, dtype=dtype, requires_grad=True)  # noqa: E731
+    q, k0, v0 = make(6), make(2), make(2)
+    kd, vd = [make(2) for _ in range(j)], [make(2) for _ in range(j)]
+    weight = torch.randn(B, 6, L, d)
+    inputs = [q, k0, v0, *kd, *vd]
+    got, want = (
+        [out.detach(), *torch.autograd.grad((out.float() * weight).sum(), inputs)]
+        for out in (ttt_attention(q, k0, v0, kd, vd, scale=0.3), masked_ttt_attention(q, k0, v0, kd, vd, 5, 0.3)))
+    for name, a, b in zip(["out", "q", "k0", "v0"] + [f"k{i}" for i in range(j)] + [f"v{i}" for i in range(j)],
+                          got, want):
+        assert a.dtype == b.dtype
+        err = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+        assert err <= tol, (name, err)
+    state = torch.get_rng_state()
+    assert check_merged(torch.device("cpu"), dtype)
+    assert torch.equal(state, torch.get_rng_state())  # the check draws from its own generator

@@ -160,13 +160,17 @@ MLA = dict(architecture="mla", q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim
 
 @pytest.mark.parametrize("steps,checkpoint_mlp,checkpoint_loss,layer", [(3, True, True, {}), (5, False, False, {}),
                                                                         (3, True, True, MLA)])
-def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss, layer):
-    """The planner's per-term activation bytes vs what autograd keeps for one fp32 micro-batch of `ttt_forward`."""
+@pytest.mark.parametrize("merged", [True, False])
+def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoint_loss, layer, merged, monkeypatch):
+    """The planner's per-term activation bytes vs what autograd keeps for one fp32 micro-batch of `ttt_forward`,
+    under either later-step attention kernel."""
+    from eagle3_train.model.attention import TTTAttention
     from eagle3_train.train.data import Batch
     from eagle3_train.train.objective import Objective
     from eagle3_train.train.targets import verifier_targets
     from eagle3_train.train.ttt import supervised_counts, ttt_forward
 
+    monkeypatch.setattr(TTTAttention, "ttt_merged", merged)
     torch.manual_seed(0)
     H, V, Vd, B, L = 96, 4096, 512, 4, 128
     cfg = DraftConfig(hidden_size=H, num_attention_heads=6, num_key_value_heads=6 if layer else 2, head_dim=16,
@@ -187,7 +191,8 @@ def test_activation_model_matches_saved_tensors(steps, checkpoint_mlp, checkpoin
                                                      checkpoint_mlp=checkpoint_mlp), supervised_counts(mask, steps))
     inputs = {batch.aux.untyped_storage().data_ptr(), targets.probs.untyped_storage().data_ptr()}
     measured = sum(n for ptr, n in storages.items() if ptr not in inputs and n > 4096)  # activations, not indices
-    modelled = ttt_saved_bytes(cfg, B * L, L, B * (L - 2), steps, False, checkpoint_mlp, checkpoint_loss, Vd)
+    modelled = ttt_saved_bytes(cfg, B * L, L, B * (L - 2), steps, False, checkpoint_mlp, checkpoint_loss, Vd,
+                               merged=merged)
     assert modelled["total"] == pytest.approx(measured, rel=0.08)
 
 
@@ -370,3 +375,24 @@ def test_a_405b_class_draft_fits_16_gpus_of_80_gb_only_sharded(tmp_path):
     assert "train.parallel fsdp" in format_plan(auto) and "across nodes" in format_plan(auto)
     with pytest.raises(Eagle3InputError, match="--nodes"):
         plan(PlanSettings(**{**base, "gpus": 15}))
+
+
+def test_a_sample_too_long_for_one_gpu_is_said_with_the_longest_that_fits(tmp_path):
+    """A 32K-token sample at Kimi's width (MLA draft) does not fit an 80 GB GPU even sharded: the plan says what one
+    sample holds, that fsdp does not split it, and the longest length that fits, which does fit when planned."""
+    import re
+
+    d = write_config(tmp_path, "kimi", KIMI_K2)
+    base = dict(verifier=str(d), samples=25000, draft_vocab=32000, architecture="mla", gpus=8, gpu_memory_gb=80,
+                parallel="fsdp", ttt_steps=7)
+    p = plan(PlanSettings(**base, tokens_per_sample=32768, token_budget=32768))
+    assert p.recommendation.startswith("nothing fits") and "shorten the samples" in p.recommendation
+    note = next(n for n in p.notes if "Context parallelism" in n)
+    longest = int(re.search(r"longest that fits is ~(\d+) tokens", note).group(1))
+    assert 4096 < longest < 32768
+    assert plan(PlanSettings(**base, tokens_per_sample=longest, token_budget=longest)).memory["by_engine"]["fsdp"][
+        "fits"]
+    assert not plan(PlanSettings(**base, tokens_per_sample=longest + 256, token_budget=longest + 256)).memory[
+        "by_engine"]["fsdp"]["fits"]
+    # a short sample that fits has no such note
+    assert not any("Context parallelism" in n for n in plan(PlanSettings(**base, tokens_per_sample=4096)).notes)

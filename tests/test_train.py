@@ -355,10 +355,12 @@ def test_refuses_a_different_verifier(stages, tmp_path, tiny_llama_dir):
 
 @pytest.mark.slow
 def test_two_nodes_train_as_one_sharded_run(stages, tmp_path):
-    """The multi-node launch of docs/GUIDE.md and scripts/slurm_train.sbatch, with two CPU processes standing in for
-    two machines: one torchrun per node (--nnodes 2, c10d rendezvous on the first), FSDP across them; the same
+    """The multi-node launch of `eagle3-train launch` and scripts/slurm_train.sbatch, with two CPU processes standing
+    in for two machines: one torchrun per node (--nnodes 2, c10d rendezvous on the first), FSDP across them; the same
     weights as one process with grad_accum 2 (fp32: FSDP gathers the fp32 weights themselves)."""
     import socket
+
+    from eagle3_train.launch import LaunchSettings, node_command
 
     root, _ = stages
     single = tmp_path / "single"
@@ -372,11 +374,11 @@ def test_two_nodes_train_as_one_sharded_run(stages, tmp_path):
             "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false",
             "--precision", "fp32", "--set", "train.parallel=fsdp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
-                               "1", "--rdzv-id", "two-nodes", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                               f"127.0.0.1:{port}", "-m", "eagle3_train.cli", "train", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for rank in (0, 1)]
+    # `eagle3-train launch`'s command, run once per "machine"
+    cmd = node_command(LaunchSettings(2, 1, f"127.0.0.1:{port}", ["train", *args]),
+                       [sys.executable, "-m", "torch.distributed.run"])
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in (0, 1)]
     for p in nodes:
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err[-3000:]

@@ -29,6 +29,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "serve": ("eagle3_train.serving.vllm_server", "start a vLLM server for the verifier (and a draft)"),
     "inspect": ("eagle3_train.export.inspect", "print a checkpoint's summary and lineage"),
     "adopt": ("eagle3_train.adopt", "take over an output directory that lists no files (an older version's, a copy)"),
+    "launch": ("eagle3_train.launch", "print (or start here) the torchrun command of a run on several machines"),
     "plan": ("eagle3_train.plan", "estimate disk, transfer and memory of a run from the verifier config alone"),
 }
 # File-system failures that are the user's to fix (space, permissions), reported without a traceback.

@@ -24,6 +24,7 @@ import torch
 
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block, describe_mla
+from eagle3_train.model.ttt_attention import merged_available
 from eagle3_train.model.verifier_head import chunk_rows
 from eagle3_train.train.config import TrainConfig, auto_parallel
 from eagle3_train.utils.io import Eagle3InputError
@@ -203,14 +204,16 @@ def _geometry(s: PlanSettings) -> dict[str, int]:
 
 
 def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoint_mlp: bool,
-                    checkpoint_loss: bool, Vd: int) -> dict[str, int]:
+                    checkpoint_loss: bool, Vd: int, merged: bool = True) -> dict[str, int]:
     """Bytes the autograd graph keeps from the forward of one micro-batch to its backward (see train/ttt.py and
     model/draft.py), by term. N tokens in [B, L], R supervised rows per TTT step (an upper bound for later steps).
 
     Per decoder layer and TTT step: the RMSNorms keep their fp32 input and normalised output; q/k/v keep their input
-    (under autocast one bf16 cast per projection, in fp32 one shared tensor); SDPA keeps q, its output and the keys and
-    values it read: at step j, per query block, the step-0 keys up to the block's end plus one key per later step for
-    its own rows (a new tensor per block); o_proj keeps its input; the MLP keeps its input only (recomputed in
+    (under autocast one bf16 cast per projection, in fp32 one shared tensor); attention keeps q, its output and the
+    keys and values it read: `merged` (model/ttt_attention.py) the step-0 keys once, each later step's own keys and
+    an fp32 logsumexp per query and head, all linear in L; `masked` at step j, per query block, the step-0 keys up to
+    the block's end plus one key per later step for its own rows (a new tensor per block) and the block's bool mask,
+    quadratic in L; o_proj keeps its input; the MLP keeps its input only (recomputed in
     backward) or its four [N, I] activations. The loss keeps the gathered [R, H] rows (recomputed) or two [R, Vd]
     tensors (the targets gathered for the step and the draft's softmax)."""
     H, inter = d.hidden_size, d.intermediate_size
@@ -219,7 +222,7 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     qkv_copies = 3 if bf16 else 1
     T = default_ttt_query_block(L)
     t = {"norms": 0, "qkv_inputs": 0, "attention_q_out": 0, "attention_kv": 0, "attention_extra": 0,
-         "attention_mask": 0,
+         "attention_lse": 0, "attention_mask": 0,
          "o_proj_input": 0, "mlp": 0, "loss": 0}
     for j in range(steps):
         if L - 2 - j <= 0:
@@ -231,9 +234,10 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
             t["qkv_inputs"] += qkv_copies * N * (2 * H if first else H) * a
             t["attention_q_out"] += N * (w["q"] + w["out"]) * a
             t["attention_extra"] += N * w["extra"] * a
-            if j == 0:
+            if j == 0 or merged:
                 t["attention_kv"] += N * (w["k"] + w["v"]) * a
-            else:  # query blocks (model.draft.ttt_attention): each keeps the prefix up to its end + its diagonal keys
+                t["attention_lse"] += N * d.num_attention_heads * 4 if j and merged else 0
+            else:  # masked query blocks: each keeps the prefix up to its end + its diagonal keys
                 blocks = [(min(b + T, L), min(b + T, L) - b) for b in range(0, L, T)]
                 t["attention_kv"] += N // L * sum(e + j * n for e, n in blocks) * (w["k"] + w["v"]) * a
                 t["attention_mask"] += sum(n * (e + j * n) for e, n in blocks)  # bool [block, end + j*block]
@@ -296,7 +300,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
         "batch": N * 4 * Ht * 4,  # aux [N, 3H] + final [N, H], converted to fp32 on the device
         "targets": R * Vd * 4 + 16 * R,  # verifier distribution over the DRAFT vocab only, kept for the step
     }
-    saved = ttt_saved_bytes(d, N, L, R, s.ttt_steps, bf16, s.checkpoint_mlp, s.checkpoint_loss, Vd)
+    saved = ttt_saved_bytes(d, N, L, R, s.ttt_steps, bf16, s.checkpoint_mlp, s.checkpoint_loss, Vd,
+                            merged=merged_available(s.device, torch.bfloat16 if bf16 else torch.float32))
     m["ttt_activations"] = saved["total"]
     # Transients, one at a time: the targets' chunked full-vocab logits (1024 rows, argmax only) before the forward;
     # the end of the forward (the K/V caches of steps >= 1, alive until ttt_forward returns, plus the last step's loss);
@@ -448,6 +453,8 @@ def plan(s: PlanSettings) -> Plan:
     if source_vocab is not None and s.draft_vocab != source_vocab:
         notes.append(f"draft vocabulary: {s.draft_vocab} rows, rebuilt from this run's data (the source has "
                      f"{source_vocab}): `train --finetune-vocab rebuild` with a vocabulary of that size")
+    if mem_ok is False and g["batch_size"] == 1 and not mem["by_engine"]["fsdp"]["fits"]:
+        notes.append(_long_sample_note(draft_cfg, params, s, frozen_bytes, tied, checkpoint_dtype, mem))
     rec = _recommend(modes, mem_ok, disk_ok, s, engine, mem["by_engine"]["fsdp"]["fits"])
     fp8_total = hs["by_dtype"]["fp8"]["total_bytes"]
     if disk_ok is False and s.dtype != "fp8" and fp8_total <= s.disk_tb * TB:
@@ -548,6 +555,27 @@ def _modes(disk_need: int, disk_step: int, wire_step: int, allreduce: int, mem_o
     return modes
 
 
+def _long_sample_note(d, params: dict[str, int], s: PlanSettings, frozen_bytes: int, tied: bool,
+                      checkpoint_dtype: str, mem: dict[str, Any]) -> str:
+    """One sample is a micro-batch and does not fit even sharded: what it holds, the longest that fits, and what
+    would split it (context parallelism, not built)."""
+    def peak(length: int) -> int:
+        at = dataclasses.replace(s, tokens_per_sample=length, token_budget=length)
+        return memory_per_rank(d, params, at, frozen_bytes, tied, checkpoint_dtype, "fsdp")[0]["peak"]
+
+    lo, hi = 0, s.tokens_per_sample  # the longest length whose fsdp peak fits: peak grows with length
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= s.gpu_memory_gb * GB else (lo, mid)
+    per_token = (mem["ttt_activations"] + mem["targets"] + mem["batch"]) / s.tokens_per_sample
+    longest = f"the longest that fits is ~{lo // 64 * 64} tokens" if lo else "no length fits"
+    return (f"one {s.tokens_per_sample}-token sample keeps {_b(mem['ttt_activations'])} of activations on its rank "
+            f"({_b(per_token)} per token with its targets and hidden states); fsdp divides the weights and optimizer "
+            f"states over the ranks, not one sample's activations: {longest} on {s.gpu_memory_gb:g} GB. Context "
+            f"parallelism (the sequence split over ranks, docs/GUIDE.md 'Long samples') is the next step; it is "
+            f"not built yet")
+
+
 def _notes(weight_bytes: int | None, frozen_bytes: int, s: PlanSettings, server: dict[str, Any]) -> list[str]:
     notes = []
     if server["bytes"] is None:
@@ -595,7 +623,7 @@ def _add_times(modes: dict[str, dict[str, Any]], tokens: int, s: PlanSettings) -
 def _smaller_step(s: PlanSettings) -> str:
     """What lowers the peak at these settings: a sample longer than the token budget is a micro-batch of its own,
     so only a shorter sample (or less kept per token) helps there."""
-    if s.tokens_per_sample > s.token_budget:
+    if s.tokens_per_sample >= s.token_budget:
         fix = (f"shorten the samples (prepare --max-length below {s.tokens_per_sample}; each micro-batch already "
                f"holds one sample, so --token-budget does not help)")
     else:

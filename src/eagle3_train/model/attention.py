@@ -1,5 +1,6 @@
-"""Attention over training-time test's block mask and with a KV cache (`TTTAttention`), shared by the draft's layer
-kinds, each supplying its projections and RoPE: Llama's `DraftAttention` here, DeepSeek's MLA in `model/mla.py`."""
+"""Attention over training-time test's block mask (`model/ttt_attention.py`) and with a KV cache (`TTTAttention`),
+shared by the draft's layer kinds, each supplying its projections and RoPE: Llama's `DraftAttention` here, DeepSeek's
+MLA in `model/mla.py`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaConfig, apply_rotary_pos_emb
 
-from eagle3_train.model.config import DraftConfig, default_ttt_query_block
+from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.ttt_attention import ttt_attention
 
 
 @dataclass
@@ -22,38 +24,11 @@ class LayerTTTCache:
     v_diag: list[torch.Tensor] = field(default_factory=list)
 
 
-def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, k_diag: list[torch.Tensor],
-                  v_diag: list[torch.Tensor], query_block: int | None = None,
-                  scale: float | None = None) -> torch.Tensor:
-    """Attention of TTT step j = len(k_diag) >= 1: queries q [B, h, L, d] see the step-0 keys k0 [B, kvh, L, d]
-    causally plus, per later step, the key at their own position (k_diag[i] [B, kvh, L, d]).
-
-    Fused SDPA calls over concatenated keys with a block mask [causal | I | ... | I]: the CPU flash kernel keeps no
-    L x L probability matrix for backward, unlike an explicit softmax. A mask stops the kernel from skipping the causal
-    upper triangle, and one call over all L queries scores L x L(j+1) keys, most of them masked; so the queries go in
-    blocks (`query_block`, default L/4 and at least 128), each against the prefix up to its end and its own rows'
-    diagonal keys: ~L^2 (5/8 + j/4) scores with 4 blocks instead of L^2 (j+1), 3x less at TTT 7. Each block keeps its
-    own copy of the prefix keys for backward (~1.5 L keys more per step than one call): more blocks would save little
-    more time for more memory (benchmarks/README.md, `ttt_attention_memory.py`)."""
-    L = q.shape[2]
-    block = query_block or default_ttt_query_block(L)
-    outs = []
-    for s in range(0, L, block):
-        e = min(s + block, L)
-        keys = torch.cat([k0[:, :, :e], *(kd[:, :, s:e] for kd in k_diag)], dim=2)
-        values = torch.cat([v0[:, :, :e], *(vd[:, :, s:e] for vd in v_diag)], dim=2)
-        causal = torch.ones(e - s, e, dtype=torch.bool, device=q.device).tril(diagonal=s)
-        eye = torch.eye(e - s, dtype=torch.bool, device=q.device)
-        mask = torch.cat([causal] + [eye] * len(k_diag), dim=1)
-        outs.append(F.scaled_dot_product_attention(q[:, :, s:e], keys, values, attn_mask=mask, enable_gqa=True,
-                                                   scale=scale))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-
-
 class TTTAttention(nn.Module):
     """Attention over the TTT block mask and with a KV cache; a layer kind supplies `_qkv` (queries, keys, values
     with RoPE applied), `_out` and its softmax `scale` (None: 1/sqrt(query dim))."""
-    ttt_query_block: int | None = None  # queries per SDPA call at TTT steps j > 0 (`ttt_attention`)
+    ttt_merged: bool = True  # later TTT steps: merged causal kernel + diagonal where one exists, else masked blocks
+    ttt_query_block: int | None = None  # queries per masked SDPA call (`masked_ttt_attention`)
     scale: float | None = None
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -64,6 +39,9 @@ class TTTAttention(nn.Module):
 
     def ttt(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerTTTCache) -> torch.Tensor:
         q, k, v = self._qkv(x, cos, sin)
+        if torch.is_autocast_enabled(q.device.type):  # RoPE's fp32 tables promote q and k; SDPA would cast each step
+            dtype = torch.get_autocast_dtype(q.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if cache.k0 is None:  # step 0: plain causal attention (right padding never leaks into valid queries)
             cache.k0, cache.v0 = k, v
             return self._out(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
@@ -71,7 +49,7 @@ class TTTAttention(nn.Module):
         cache.k_diag.append(k)
         cache.v_diag.append(v)
         return self._out(ttt_attention(q, cache.k0, cache.v0, cache.k_diag, cache.v_diag, self.ttt_query_block,
-                                       self.scale))
+                                       self.scale, self.ttt_merged))
 
     def cached(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

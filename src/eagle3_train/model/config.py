@@ -250,6 +250,6 @@ def dump_config(cfg: DraftConfig) -> str:
 
 
 def default_ttt_query_block(seq_len: int) -> int:
-    """Queries per SDPA call at TTT steps j > 0 (`model.draft.ttt_attention`; the memory planner counts by it): four
+    """Queries per SDPA call at TTT steps j > 0 (`model.ttt_attention.masked_ttt_attention`): four
     blocks, at least 128 queries each."""
     return max(128, -(-seq_len // 4))

@@ -19,6 +19,7 @@ import torch
 
 from eagle3_train.assets.verifier import Verifier
 from eagle3_train.checkpoints import native as ckpt
+from eagle3_train.model.ttt_attention import select_kernel
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
@@ -72,6 +73,8 @@ class Trainer:
         """This process's rank (torchrun) and device, and the precision it resolves to there."""
         self.info, self.device = init_device(self.cfg.device)
         self.precision = resolve_precision(self.cfg.precision, self.device)
+        # the later TTT steps' attention (model/ttt_attention.py), checked on this device before it trains
+        self.ttt_kernel = select_kernel(self.device, torch.bfloat16 if self.precision == "bf16" else torch.float32)
         if self.cfg.resume:
             self._keep_global_batch()
 
@@ -156,7 +159,8 @@ class Trainer:
                               source={**self.train_data.source.identity(),  # mode, servers
                                       "skipped_samples": self.skipped_samples()},
                               compute={"device": str(self.device), "precision": self.precision,
-                                       "parallel": self.engine.name, "host_malloc": self.host_malloc})
+                                       "parallel": self.engine.name, "host_malloc": self.host_malloc,
+                                       "ttt_attention": self.ttt_kernel})
 
     def skipped_samples(self) -> int:
         """Samples the sources skipped in the steps trained and the validations run, over all ranks (a step fetched
