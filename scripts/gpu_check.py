@@ -15,6 +15,8 @@ first ShareGPT conversations) and `prompts.txt`. Parts:
   fsdp:     `train --set train.parallel=fsdp` under torchrun (NCCL; one GPU: a group of one rank, every FSDP2 piece
             runs: bf16 all-gather, fp32 reduce-scatter, the sharded optimizer checkpoint), stopped, resumed and
             exported; its losses against the torchrun part's (same steps, replicated)
+  ttt-kernel: the merged later-step TTT attention checked against the masked one on the GPU, and the peak memory
+            of one step's attention fwd+bwd from 4K to 32K tokens (merged) and to 16K (masked)
   bench:    benchmarks/gpu_train_throughput.py (Llama-3.1-8B and Kimi-K2 shapes, TTT 7 and 3, checkpointing on/off)
 
   python3 scripts/gpu_check.py --out "$OUT"              # on the GPU machine (scripts/gpu_check.sh sets it up)
@@ -225,6 +227,8 @@ class Checker:
         if f"at step {s['stop']}" not in output:
             raise CheckFailed(f"the resumed run did not report continuing from step {s['stop']}")
         meta = json.loads((self.work / "train" / "training_metadata.json").read_text())
+        if meta["run"].get("ttt_attention") != "merged":
+            raise CheckFailed(f"training ran the {meta['run'].get('ttt_attention')} TTT attention, not merged")
         step = meta.get("progress", {}).get("step")
         if step != s["steps"]:
             raise CheckFailed(f"resumed run ended at step {step}, expected {s['steps']}")
@@ -317,6 +321,13 @@ class Checker:
         self.cli(["export", out, "--out", self.p("export-fsdp"), "--format", "eagle"], 180, "export-fsdp")
         return {"losses": got, "replicated": ref, "max_rel_diff": round(diff, 5), "optimizer_files": shards}
 
+    def ttt_kernel_part(self) -> dict[str, Any]:
+        rc, output = self.sh([sys.executable, str(Path(__file__).resolve()), "ttt-kernel", "--device", self.device,
+                              *(["--tiny"] if self.args.tiny else [])], 180, "ttt-kernel")
+        if rc != 0:
+            raise CheckFailed(f"exit {rc}: {_tail(output)}")
+        return _last_json(output) or {}
+
     def bench_part(self) -> dict[str, Any]:
         argv = [sys.executable, str(ROOT / "benchmarks" / "gpu_train_throughput.py"), "--out",
                 str(self.out / "bench.json"), "--device", self.device]
@@ -343,6 +354,7 @@ class Checker:
         self.part("torchrun", self.torchrun_part, ("vocab", "extract"))
         self.part("extract-torchrun", self.extract_torchrun_part, ("extract",))
         self.part("fsdp", self.fsdp_part, ("torchrun",))
+        self.part("ttt-kernel", self.ttt_kernel_part, ("env",))
         if not self.args.skip_bench:
             self.part("bench", self.bench_part)
         self.part("evaluate-offline", self.evaluate_part, ("export",))
@@ -368,6 +380,41 @@ def compare_stores(a: Path, b: Path) -> None:
             differ.append(str(f))
     print(json.dumps({"shards": len(files), "differ": differ}))
     if differ or not files:
+        sys.exit(1)
+
+
+def ttt_kernel(device: str, tiny: bool) -> None:
+    """The merged TTT attention on this device: it agrees with the masked reference (`check_merged`), and the peak
+    memory of one later step's attention fwd+bwd grows linearly in length (merged) vs quadratically (masked), at a
+    Kimi-like head shape (16 heads of 192; bf16). Prints JSON; exit 1 when the check fails."""
+    import torch
+
+    from eagle3_train.model.ttt_attention import check_merged, masked_ttt_attention, ttt_attention
+
+    dev = torch.device(device)
+    agrees = check_merged(dev, torch.bfloat16)
+    lengths = (512, 1024) if tiny else (4096, 8192, 16384, 32768)
+    peaks: dict[str, dict[int, float]] = {"merged": {}, "masked": {}}
+    for name, fn in (("merged", ttt_attention), ("masked", masked_ttt_attention)):
+        for L in lengths:
+            if name == "masked" and L > 16384:
+                continue  # its masks alone would take tens of GB
+            q = torch.randn(1, 16, L, 192, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            kv = [torch.randn(1, 16, L, 192, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                  for _ in range(8)]
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            t0 = time.perf_counter()
+            fn(q, kv[0], kv[1], kv[2:5], kv[5:8]).float().sum().backward()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+                peaks[name][L] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+            peaks[name][f"{L}_s"] = round(time.perf_counter() - t0, 3)
+            del q, kv
+    print(json.dumps({"merged_agrees": agrees, "peak_mib_fwd_bwd_j3": peaks}))
+    if not agrees:
         sys.exit(1)
 
 
@@ -461,7 +508,8 @@ def _tail(output: str | None, n: int = 1500) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "evaluate", "compare-stores"],
+    p.add_argument("helper", nargs="?", choices=["make-verifier", "load-exports", "evaluate", "compare-stores",
+                                                 "ttt-kernel"],
                    help=argparse.SUPPRESS)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpucheck-out"), help="results folder (default $OUT)")
     p.add_argument("--work", default="/tmp/gpucheck-work", help="scratch folder (deleted first)")
@@ -480,6 +528,9 @@ def main() -> int:
         return 0
     if args.helper == "compare-stores":
         compare_stores(Path(args.src), Path(args.dst))
+        return 0
+    if args.helper == "ttt-kernel":
+        ttt_kernel(args.device, args.tiny)
         return 0
     if args.helper == "load-exports":
         load_exports(Path(args.work))

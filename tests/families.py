@@ -101,14 +101,20 @@ def build_simulated_kimi(out: Path, tokenizer_dir: Path) -> Path:
 
 THOUGHT, ANSWER = "Let me weigh this.", "Here is my reply."  # what a taught simulated Kimi says to everything
 TOOL_THOUGHT = "I should look this up."  # the reasoning of the recorded tool calls in its agentic traces
+# offered this function, a taught simulated Kimi calls it for every question (`teach_thinking`)
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+NEW_CALL = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>"
+            '{"q": "tides"}<|tool_call_end|><|tool_calls_section_end|>')
 
 
 def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str, float]:
     """Finetune a simulated Kimi in place until it answers every question the way a thinking model does:
     `<think>THOUGHT</think>ANSWER<|im_end|>` (with thinking switched off, `ANSWER<|im_end|>` after the template's
-    `<think></think>`), on first and later turns and after a tool's result. Random weights never close a `<think>`,
-    so without this no turn of a regenerated conversation would carry reasoning and an answer. Returns the loss
-    before and after."""
+    `<think></think>`), on first and later turns and after a tool's result; offered the `LOOKUP` function, it calls it
+    instead of answering a question: `<think>TOOL_THOUGHT</think>NEW_CALL<|im_end|>`. Random weights never close a
+    `<think>`, so without this no turn of a regenerated conversation would carry reasoning and an answer, nor a new
+    tool call. Returns the loss before and after."""
     import json
     import random
 
@@ -133,8 +139,13 @@ def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str,
             messages += [{"role": "assistant", "content": "", "reasoning_content": TOOL_THOUGHT, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": call["id"], "content": rng.choice(words)}]
         thinking = rng.random() < 0.75
-        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=thinking)
-        reply = (f"<think>{THOUGHT}</think>" if thinking else "") + f"{ANSWER}<|im_end|>"
+        offered = thinking and rng.random() < 0.3  # the function offered: a question gets a call, a result an answer
+        prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=thinking,
+                                         tools=[LOOKUP] if offered else None)
+        if offered and messages[-1]["role"] == "user":
+            reply = f"<think>{TOOL_THOUGHT}</think>{NEW_CALL}<|im_end|>"
+        else:
+            reply = (f"<think>{THOUGHT}</think>" if thinking else "") + f"{ANSWER}<|im_end|>"
         p, r = (tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, reply))
         return p + r, [-100] * len(p) + r
 

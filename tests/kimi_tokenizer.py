@@ -88,6 +88,7 @@ class TikTokenTokenizer(PreTrainedTokenizer):
 CHAT_TEMPLATE = """
 {%- set ns = namespace(last_user=-1) -%}
 {%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}
 {%- for m in messages -%}
 {%- if m.role == 'system' -%}<|im_system|>system<|im_middle|>{{ m.content }}<|im_end|>
 {%- elif m.role == 'user' -%}<|im_user|>user<|im_middle|>{{ m.content }}<|im_end|>

@@ -1,11 +1,15 @@
-"""A draft narrower than its verifier, served by real vLLM: trained at half the tiny Qwen3 verifier's width (its own
-embedding, fc reading the verifier's width), exported with `target_hidden_size` and its embedding; vLLM keeps the
-draft's embedding (the widths differ), greedy output is identical with and without it, and the offline evaluator
-reproduces vLLM draft for draft."""
+"""A draft narrower than its verifier, trained sharded (torchrun, 2 processes, FSDP2) and served by real vLLM: trained
+at half the tiny Qwen3 verifier's width (its own embedding, fc reading the verifier's width), exported with
+`target_hidden_size` and its embedding; vLLM keeps the draft's embedding (the widths differ), greedy output is
+identical with and without it, and the offline evaluator reproduces vLLM draft for draft."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -15,8 +19,6 @@ from vllm_helpers import require_vllm
 from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.export.exporter import export
 from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
-from eagle3_train.train.config import TrainConfig
-from eagle3_train.train.trainer import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -28,9 +30,18 @@ def run(tmp_path_factory, smollm2_dir) -> dict:
     st = family_stages("qwen3", tmp_path_factory, smollm2_dir)
     root, verifier, prompts, prompt_ids, plain = (st[k] for k in ("root", "verifier", "prompts", "prompt_ids",
                                                                   "plain"))
-    train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hf"), vocab=str(root / "vocab"),
-                      out=str(root / "train-narrow"), ttt_steps=K, epochs=4, token_budget=1024, lr=2e-3,
-                      warmup_ratio=0.05, tensorboard=False, hidden_size=32))
+    # trained sharded: torchrun, 2 processes, FSDP2 (the draft's own embedding is one of its trainable units)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+         "-m", "eagle3_train.cli", "train", "--prepared", str(root / "prepared"), "--hidden-states", str(root / "hf"),
+         "--vocab", str(root / "vocab"), "--out", str(root / "train-narrow"), "--ttt-steps", str(K), "--epochs", "4",
+         "--token-budget", "1024", "--lr", "2e-3", "--set", "train.warmup_ratio=0.05", "--set",
+         "train.tensorboard=false", "--set", "train.hidden_size=32", "--set", "train.parallel=fsdp"],
+        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     export(root / "train-narrow", root / "draft-narrow", fmt="eagle")
     with VLLMServer(verifier, speculative=speculative_config(root / "draft-narrow", K), startup_matters=True,
                     log_path=root / "vllm-narrow.log") as spec:
@@ -42,6 +53,8 @@ def run(tmp_path_factory, smollm2_dir) -> dict:
 
 def test_vllm_serves_the_narrow_draft_with_its_own_embedding(run):
     config = json.loads((run["root"] / "draft-narrow" / "config.json").read_text())
+    meta = json.loads((run["root"] / "train-narrow" / "training_metadata.json").read_text())
+    assert (meta["run"]["world_size"], meta["run"]["parallel"]) == (2, "fsdp")
     assert (config["hidden_size"], config["target_hidden_size"]) == (32, 64)
     log = (run["root"] / "vllm-narrow.log").read_text()
     assert "Keeping separate embedding weights" in log  # vLLM kept the draft's own embedding

@@ -1,7 +1,8 @@
 """A thinking model's data regenerated through a real vLLM server, killed and resumed: the simulated Kimi (Kimi-K2's
 architecture, a Kimi-style tiktoken tokenizer) taught to think before it answers (`families.teach_thinking`), served
 with vLLM's `kimi_k2` reasoning parser as Kimi is served. Every turn of the multi-turn conversations comes back with
-its reasoning apart from its answer, an agentic trace keeps its recorded tool call and result, a `kill -9` mid-run
+its reasoning apart from its answer, an agentic trace keeps its recorded tool call and result, a conversation that
+offers a function gets a new call that vLLM's `kimi_k2` tool parser returns as `tool_calls`, a `kill -9` mid-run
 loses and duplicates nothing, every turn is generated from the prompt `prepare` renders for it, and `prepare`
 supervises every turn's reasoning and tool call as the template renders them (Kimi's template drops earlier turns'
 thinking, so each user turn becomes its own sample)."""
@@ -16,7 +17,7 @@ import sys
 import time
 
 import pytest
-from families import ANSWER, THOUGHT, TOOL_THOUGHT, build_simulated_kimi, teach_thinking
+from families import ANSWER, LOOKUP, NEW_CALL, THOUGHT, TOOL_THOUGHT, build_simulated_kimi, teach_thinking
 from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train.assets.conversations import REGENERATED, TOKEN_IDS
@@ -64,6 +65,15 @@ AGENTIC = {"id": "agent", "messages": [  # the tool call and its result are kept
     {"role": "user", "content": "And why so?"},
     {"role": "assistant", "content": "-"}]}
 CONVERSATIONS.insert(4, AGENTIC)
+# offered a function, the verifier calls it: vLLM's kimi_k2 tool parser returns the new call as `tool_calls`, and the
+# trace ends there (a new call has no recorded result)
+CALLING = {"id": "calls", "tools": [LOOKUP], "messages": [{"role": "user", "content": "Question 9: what about tides?"},
+                                                          {"role": "assistant", "content": "-"},
+                                                          {"role": "user", "content": "And why so?"},
+                                                          {"role": "assistant", "content": "-"}]}
+CONVERSATIONS.append(CALLING)
+# the samples prepare makes: one per regenerated turn (Kimi's template drops earlier turns' thinking)
+SAMPLES = sorted([f"{c['id']}#turn{t}" for c in CONVERSATIONS if c is not CALLING for t in (1, 2)] + [CALLING["id"]])
 TOOL_SECTION = (f"<|tool_calls_section_begin|><|tool_call_begin|>{CALL['id']}<|tool_call_argument_begin|>"
                 f"{CALL['function']['arguments']}<|tool_call_end|><|tool_calls_section_end|>")
 
@@ -77,7 +87,9 @@ def regenerated(tmp_path_factory, smollm2_dir):
     source = root / "multi_turn.jsonl"
     source.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS))
     out = root / "generated"
-    with VLLMServer(verifier, trust_remote_code=True, vllm_args=["--reasoning-parser", "kimi_k2"],
+    with VLLMServer(verifier, trust_remote_code=True, vllm_args=["--reasoning-parser", "kimi_k2",
+                                                                 "--enable-auto-tool-choice", "--tool-call-parser",
+                                                                 "kimi_k2"],
                     log_path=root / "vllm.log") as srv:
         cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(source), "--out", str(out),
                "--endpoint", srv.base_url, "--concurrency", "1", "--max-tokens", "64", "--seed", "0"]
@@ -113,6 +125,16 @@ def test_a_killed_run_resumes_with_every_turn_thought_and_answered(regenerated):
     assert sorted(r["id"] for r in records) == sorted(c["id"] for c in CONVERSATIONS)  # no duplicate, no gap
     for r in records:
         source = next(c for c in CONVERSATIONS if c["id"] == r["id"])["messages"]
+        if r["id"] == CALLING["id"]:  # a new call, parsed by vLLM into tool_calls: the trace ends with it
+            assert r["truncated"] == "tool_call_without_result" and r["tools"] == [LOOKUP], r
+            question, call = r["messages"]
+            assert question == source[0] and call["role"] == "assistant" and not call["content"], r
+            assert call["reasoning_content"] == TOOL_THOUGHT and call[TOKEN_IDS], call
+            (tc,) = call["tool_calls"]
+            assert (tc["id"], tc["function"]["name"], json.loads(tc["function"]["arguments"])) == (
+                "functions.lookup:0", "lookup", {"q": "tides"}), tc
+            assert [t["finish_reason"] for t in r["turns"]] == ["tool_calls"]
+            continue
         assert not r.get("truncated") and len(r["messages"]) == len(source), r
         for m, given in zip(r["messages"], source):
             if m["role"] != "assistant" or m.get("tool_calls"):
@@ -133,11 +155,15 @@ def test_prepare_supervises_every_turns_reasoning_as_the_template_renders_it(reg
     rows = load_prepared(regenerated["root"] / "prepared")[0]["train"]
     by_id = {r["id"]: r for r in rows}
     # Kimi's template keeps thinking only after the last user turn: one sample per turn, each supervising its own
-    assert sorted(by_id) == sorted(f"{c['id']}#turn{t}" for c in CONVERSATIONS for t in (1, 2))
+    assert sorted(by_id) == SAMPLES
     reply = f"<think>{THOUGHT}</think>{ANSWER}<|im_end|>"
     for name, row in by_id.items():
         ids, mask = row["input_ids"], row["loss_mask"]
         supervised = [t for t, m in zip(ids, mask) if m]
+        if name == CALLING["id"]:  # the verifier's own new call is supervised, as it generated it
+            assert supervised == tok(f"<think>{TOOL_THOUGHT}</think>{NEW_CALL}<|im_end|>",
+                                     add_special_tokens=False)["input_ids"], tok.decode(supervised)
+            continue
         # each regenerated turn as the template renders it, token for token: its reasoning and answer, then the end
         # of turn; the tool call kept from the source is context (the verifier did not write it)
         assert supervised == tok(reply, add_special_tokens=False)["input_ids"], (name, tok.decode(supervised))
@@ -152,7 +178,7 @@ def test_prepare_supervises_every_turns_reasoning_as_the_template_renders_it(reg
     # AVX2-only host the model's stray special tokens there made all 18 differ (the text drops them): counted
     manifest = json.loads((regenerated["root"] / "prepared" / "manifest.json").read_text())
     ids = manifest["counts"]["generated_ids"]
-    assert ids["turns"] == 2 * len(CONVERSATIONS) and ids["mismatched"] == 0, ids
+    assert ids["turns"] == len(SAMPLES) and ids["mismatched"] == 0, ids
     assert manifest["counts"]["kept_turns_unsupervised"] == 1
 
 
@@ -165,8 +191,8 @@ def test_every_turn_was_generated_from_the_prompt_prepare_renders_for_it(regener
     checked = 0
     for cid, record in records.items():
         starts = []  # where each assistant turn's supervised span starts, in turn order across the samples
-        for t in (1, 2):
-            mask = rows[f"{cid}#turn{t}"]["loss_mask"]
+        for name in sorted(n for n in rows if n == cid or n.startswith(f"{cid}#")):
+            mask = rows[name]["loss_mask"]
             starts += [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
         regenerated = [t for t in record["turns"] if "kept" not in t]  # kept turns are context, not supervised
         assert len(starts) == len(regenerated), cid
@@ -174,7 +200,7 @@ def test_every_turn_was_generated_from_the_prompt_prepare_renders_for_it(regener
             if "usage" in turn:
                 assert turn["usage"]["prompt_tokens"] == start, (cid, turn)
                 checked += 1
-    assert checked == 2 * len(CONVERSATIONS)
+    assert checked == len(SAMPLES)
 
 
 @pytest.fixture(scope="module")

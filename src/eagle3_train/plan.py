@@ -212,10 +212,10 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
     (under autocast one bf16 cast per projection, in fp32 one shared tensor); attention keeps q, its output and the
     keys and values it read: `merged` (model/ttt_attention.py) the step-0 keys once, each later step's own keys and
     an fp32 logsumexp per query and head, all linear in L; `masked` at step j, per query block, the step-0 keys up to
-    the block's end plus one key per later step for its own rows (a new tensor per block) and the block's bool mask,
-    quadratic in L; o_proj keeps its input; the MLP keeps its input only (recomputed in
-    backward) or its four [N, I] activations. The loss keeps the gathered [R, H] rows (recomputed) or two [R, Vd]
-    tensors (the targets gathered for the step and the draft's softmax)."""
+    the block's end plus one key per later step for its own rows (a new tensor per block) and the block's mask
+    (additive, in the compute dtype), quadratic in L; o_proj keeps its input; the MLP keeps its input only
+    (recomputed in backward) or its four [N, I] activations. The loss keeps the gathered [R, H] rows (recomputed)
+    or two [R, Vd] tensors (the targets gathered for the step and the draft's softmax)."""
     H, inter = d.hidden_size, d.intermediate_size
     w = architecture_of(d).attention_widths(d)
     a = 2 if bf16 else 4  # matmul inputs/outputs under autocast
@@ -240,7 +240,8 @@ def ttt_saved_bytes(d, N: int, L: int, R: int, steps: int, bf16: bool, checkpoin
             else:  # masked query blocks: each keeps the prefix up to its end + its diagonal keys
                 blocks = [(min(b + T, L), min(b + T, L) - b) for b in range(0, L, T)]
                 t["attention_kv"] += N // L * sum(e + j * n for e, n in blocks) * (w["k"] + w["v"]) * a
-                t["attention_mask"] += sum(n * (e + j * n) for e, n in blocks)  # bool [block, end + j*block]
+                # [block, end + j*block]: SDPA turns the bool mask into an additive one of the compute dtype
+                t["attention_mask"] += sum(n * (e + j * n) for e, n in blocks) * a
             t["o_proj_input"] += N * w["o_in"] * a
             t["mlp"] += N * H * 4 if checkpoint_mlp else (2 * N * H * 4 + N * H * a + 4 * N * inter * a)
         t["loss"] += R * H * 4 if checkpoint_loss else R * H * 4 + 2 * R * Vd * 4
