@@ -13,6 +13,7 @@ import torch
 from numerics import fp32_atol
 from safetensors import safe_open
 from stage_helpers import another_writer, assert_same_hidden_states, kill_after_first_shard
+from torchrun_helpers import run_group
 
 from eagle3_train import cli
 from eagle3_train.hidden_states.extract import extract
@@ -546,7 +547,7 @@ def test_torchrun_processes_share_one_store_and_resume_any_run(tmp_path, tiny_ll
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *single[1:]]
 
     both = tmp_path / "both"
-    r = subprocess.run([*torchrun, "--out", str(both)], env=env, capture_output=True, text=True, timeout=900)
+    r = run_group([*torchrun, "--out", str(both)], 900, env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("complete:") == 1  # rank 0 reports for both
     manifest = json.loads((both / "manifest.json").read_text())
@@ -558,7 +559,7 @@ def test_torchrun_processes_share_one_store_and_resume_any_run(tmp_path, tiny_ll
     resumed = tmp_path / "resumed"
     index = kill_after_first_shard([*single, "--out", str(resumed)], env, resumed)
     assert not index["complete"]
-    r = subprocess.run([*torchrun, "--out", str(resumed)], env=env, capture_output=True, text=True, timeout=900)
+    r = run_group([*torchrun, "--out", str(resumed)], 900, env)
     assert r.returncode == 0, r.stderr[-3000:]
     check_hidden_states(resumed, prepared, tiny_llama)
     assert_same_hidden_states(reference, resumed, lengths)

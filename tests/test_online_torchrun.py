@@ -12,16 +12,13 @@ real vLLM CPU hidden-state server (shared by the module) serving a tiny random L
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from stage_helpers import train_config
+from torchrun_helpers import torchrun as run_torchrun
 from vllm_helpers import require_vllm
 
 from eagle3_train.serving.client import ChatPool
@@ -103,22 +100,13 @@ def extracted(stages, server, verifier) -> Path:
     return stages / "hidden"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun_train(root: Path, out: Path, prepared: str, *args: str) -> dict:
     """`torchrun --nproc-per-node 2 -m eagle3_train.cli train` under FSDP with the settings of `train_config`
     (grad_accum 1: the two ranks together take the micro-batches one process takes with grad_accum 2)."""
     flags = ["--prepared", str(root / prepared), "--vocab", str(root / "vocab"), "--out", str(out), "--ttt-steps",
              "3", "--token-budget", "512", "--lr", "3e-3", "--seed", "0", "--log-every", "1", "--warmup-ratio", "0.1",
              "--no-tensorboard", "--set", "train.parallel=fsdp", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(_free_port()), "-m", "eagle3_train.cli", "train", *flags],
-                          capture_output=True, text=True, env=env, timeout=900)
+    proc = run_torchrun(["-m", "eagle3_train.cli", "train", *flags], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "training_metadata.json").read_text())
 

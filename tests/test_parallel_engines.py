@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from stage_helpers import train_config
+from torchrun_helpers import free_port
+from torchrun_helpers import torchrun as run_torchrun
 
 from eagle3_train.train.trainer import train
 
@@ -33,12 +34,6 @@ def stages(tiny_stages):
     return tiny_stages[0]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _args(root: Path, out: Path, *extra: str) -> list[str]:
     return ["-m", "eagle3_train.cli", "train", "--prepared", str(root / "prepared"), "--hidden-states",
             str(root / "hidden"), "--vocab", str(root / "vocab"), "--out", str(out), *FLAGS, *extra]
@@ -46,10 +41,7 @@ def _args(root: Path, out: Path, *extra: str) -> list[str]:
 
 def torchrun(root: Path, out: Path, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
     """`train` under torchrun, 2 processes; `ok`: it must succeed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(_port()), *_args(root, out, *extra)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = run_torchrun(_args(root, out, *extra))
     assert proc.returncode == 0 or not ok, proc.stderr[-4000:]
     return proc
 
@@ -109,7 +101,7 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit(stages, tmp_path):
     killed = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-port", str(_port()), *_args(stages, killed, "--max-steps", "6", "--set",
+                             "--master-port", str(free_port()), *_args(stages, killed, "--max-steps", "6", "--set",
                                                                     "train.parallel=fsdp", "--set", "train.noise=0.05",
                                                                     "--save-every", "1")],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -175,9 +167,7 @@ def test_a_rank_without_a_micro_batch_runs_idle_and_the_step_is_one_processs(sta
     single = subprocess.run([sys.executable, str(script), str(stages), str(tmp_path / "single"), engine],
                             capture_output=True, text=True, env=env, timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
-    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                            str(_port()), str(script), str(stages), str(tmp_path / "ranks"), engine],
-                           capture_output=True, text=True, env=env, timeout=300)
+    ranks = run_torchrun([str(script), str(stages), str(tmp_path / "ranks"), engine], timeout=300)
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     a, b = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("single", "ranks"))
     assert (a["world"], b["world"]) == (1, 2) and a["tokens"] == b["tokens"] > 0

@@ -6,14 +6,11 @@ identical with and without it, and the offline evaluator reproduces vLLM draft f
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 from test_verifier_families import MAX_TOKENS, K, assert_draft_for_draft, complete, family_stages
+from torchrun_helpers import torchrun as run_torchrun
 from vllm_helpers import require_vllm
 
 from eagle3_train.evaluate.offline import evaluate_offline
@@ -31,16 +28,11 @@ def run(tmp_path_factory, smollm2_dir) -> dict:
     root, verifier, prompts, prompt_ids, plain = (st[k] for k in ("root", "verifier", "prompts", "prompt_ids",
                                                                   "plain"))
     # trained sharded: torchrun, 2 processes, FSDP2 (the draft's own embedding is one of its trainable units)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-         "-m", "eagle3_train.cli", "train", "--prepared", str(root / "prepared"), "--hidden-states", str(root / "hf"),
+    proc = run_torchrun(
+        ["-m", "eagle3_train.cli", "train", "--prepared", str(root / "prepared"), "--hidden-states", str(root / "hf"),
          "--vocab", str(root / "vocab"), "--out", str(root / "train-narrow"), "--ttt-steps", str(K), "--epochs", "4",
          "--token-budget", "1024", "--lr", "2e-3", "--set", "train.warmup_ratio=0.05", "--set",
-         "train.tensorboard=false", "--set", "train.hidden_size=32", "--set", "train.parallel=fsdp"],
-        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+         "train.tensorboard=false", "--set", "train.hidden_size=32", "--set", "train.parallel=fsdp"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     export(root / "train-narrow", root / "draft-narrow", fmt="eagle")
     with VLLMServer(verifier, speculative=speculative_config(root / "draft-narrow", K), startup_matters=True,

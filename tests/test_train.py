@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from stage_helpers import train_config
+from torchrun_helpers import torchrun as run_torchrun
 
 from eagle3_train import cli
 from eagle3_train.data.prepare import prepare
@@ -261,10 +262,7 @@ def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
     args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
             str(root / "vocab"), "--out", str(ddp), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
             "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "29533", "-m", "eagle3_train.cli", "train", *args],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = run_torchrun(["-m", "eagle3_train.cli", "train", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((ddp / "training_metadata.json").read_text())
     assert meta["run"]["world_size"] == 2
