@@ -139,7 +139,7 @@ def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str,
             messages += [{"role": "assistant", "content": "", "reasoning_content": TOOL_THOUGHT, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": call["id"], "content": rng.choice(words)}]
         thinking = rng.random() < 0.75
-        offered = thinking and rng.random() < 0.3  # the function offered: a question gets a call, a result an answer
+        offered = thinking and rng.random() < 0.5  # the function offered: a question gets a call, a result an answer
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=thinking,
                                          tools=[LOOKUP] if offered else None)
         if offered and messages[-1]["role"] == "user":

@@ -66,8 +66,9 @@ AGENTIC = {"id": "agent", "messages": [  # the tool call and its result are kept
     {"role": "assistant", "content": "-"}]}
 CONVERSATIONS.insert(4, AGENTIC)
 # offered a function, the verifier calls it: vLLM's kimi_k2 tool parser returns the new call as `tool_calls`, and the
-# trace ends there (a new call has no recorded result)
-CALLING = {"id": "calls", "tools": [LOOKUP], "messages": [{"role": "user", "content": "Question 9: what about tides?"},
+# trace ends there (a new call has no recorded result). The question is worded as those it was taught on: the tiny
+# model's choice to call does not carry over to other wordings (measured: "Question 9: what about tides?" answers)
+CALLING = {"id": "calls", "tools": [LOOKUP], "messages": [{"role": "user", "content": "how river stone road?"},
                                                           {"role": "assistant", "content": "-"},
                                                           {"role": "user", "content": "And why so?"},
                                                           {"role": "assistant", "content": "-"}]}
