@@ -242,6 +242,19 @@ class AdoptSettings:
 
 
 @dataclass
+class LaunchSettings:
+    nodes: int = setting(1, "machines in the run", required=True)
+    gpus_per_node: int = setting(1, "processes per machine (its GPUs)", required=True)
+    head: str = setting("", "the first machine's address, HOST or HOST:PORT (port 29500); it hosts the c10d "
+                            "rendezvous", required=True)
+    stage_args: list[str] = setting(default_factory=list, help="`-- STAGE FLAGS...`: the stage to run on every "
+                                    "machine (train or extract) and its flags", positional=True, yaml=False)
+    run_id: str | None = setting(None, "rendezvous id (default: derived from the stage's arguments, so the same on "
+                                       "every machine)")
+    start: bool = setting(False, "start this machine's torchrun instead of printing the command")
+
+
+@dataclass
 class _PromptSettings:
     """What acceptance is measured on (shared by the evaluate modes)."""
 
@@ -392,7 +405,7 @@ SECTIONS: dict[str, type] = {
 SHARED_SECTIONS: dict[str, type] = {"serving": ServingSettings}
 # Settings of commands that are no pipeline section.
 COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate served": ServedEvalSettings,
-                             "serve": ServeSettings, "adopt": AdoptSettings}
+                             "serve": ServeSettings, "adopt": AdoptSettings, "launch": LaunchSettings}
 
 _INTRO = """# Configuration reference
 

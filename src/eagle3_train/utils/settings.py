@@ -335,6 +335,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, set_op
         if meta.get("metavar"):
             kw["metavar"] = meta["metavar"]
         if meta.get("positional"):
+            if _is_list(hint):  # the rest of the command line (e.g. `-- STAGE FLAGS...`)
+                kw["nargs"] = argparse.REMAINDER
             parser.add_argument(f.name, type=_scalar(hint), **kw)
             continue
         kw["dest"] = f.name
