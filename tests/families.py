@@ -5,7 +5,7 @@ SmolLM2 tokenizer and chat template, and config.json as vLLM reads it.
 
 `python tests/families.py FAMILY OUT` writes one; `python tests/families.py kimi OUT` writes the simulated Kimi
 verifier (the DeepSeek-V3 one with the Kimi-style tiktoken tokenizer of tests/kimi_tokenizer.py) that
-scripts/kimi_rehearsal.sh walks the README's Kimi section on.
+scripts/kimi_rehearsal.sh walks docs/KIMI.md on.
 
 DeepSeek-V3 at tiny width keeps what vLLM's CPU MLA kernel requires (latent kv_lora_rank 512 + qk_rope_head_dim 64 =
 576) and the routing fields real DeepSeek-V3/Kimi-K2 configs carry (`topk_method: noaux_tc`, `scoring_func: sigmoid`:

@@ -1,5 +1,6 @@
-"""The README's commands parse: every `eagle3-train ...` line of its code blocks (continuation lines joined) is
-parsed by the real CLI parser, and every setting it passes with `--set`/`--vllm-arg` keeps its shape. A renamed or
+"""The README's commands parse, and those of the guides it links to (docs/KIMI.md, docs/LARGE_VERIFIERS.md,
+docs/GUIDE.md): every `eagle3-train ...` line of their code blocks (continuation lines joined) is parsed by the real
+CLI parser, and every setting it passes with `--set`/`--vllm-arg` keeps its shape. A renamed or
 retired flag in a recipe is a failure here, not a user's first error at hour three."""
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import pytest
 
 from eagle3_train.cli import build_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "KIMI.md", ROOT / "docs" / "LARGE_VERIFIERS.md", ROOT / "docs" / "GUIDE.md"]
 
 
 def _commands() -> list[str]:
     blocks, block = [], None
-    for line in README.read_text().splitlines():
+    for line in (line for doc in DOCS for line in doc.read_text().splitlines()):
         if line.startswith("```"):
             if block is None:
                 block = []
@@ -31,7 +33,7 @@ def _commands() -> list[str]:
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             line = line.strip()
-            for prefix in ("torchrun --nproc-per-node 8 -m eagle3_train.cli ", "eagle3-train "):
+            for prefix in ("torchrun --nproc-per-node 8 -m eagle3_train.cli ", "eagle3-train ", "$ eagle3-train "):
                 if line.startswith(prefix):
                     out.append(line[len(prefix):].split(" #")[0])
     return out

@@ -136,8 +136,8 @@ class GenerateSettings:
     reasoning: Reasoning = setting("keep", "reasoning text: keep as reasoning_content, strip it, or disable thinking "
                                            "(the request that does it is the thinking style's)")
     thinking_style: ThinkingStyleName = setting(
-        "auto", "how the verifier's thinking is switched and what sampling its makers recommend (README, 'Thinking "
-                "models'); auto: from the chat template of a local model, else from the served model's name")
+        "auto", "how the verifier's thinking is switched and what sampling its makers recommend (docs/KIMI.md, "
+                "'Thinking'); auto: from the chat template of a local model, else from the served model's name")
     estimate_only: bool = setting(False, "regenerate the first wave of conversations (one per request in flight), "
                                          "print the measured ETA of the rest (on the long side: the wave also warms "
                                          "the server) and stop; a rerun resumes", yaml=False)

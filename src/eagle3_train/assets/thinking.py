@@ -6,7 +6,7 @@ recommended sampling is recorded beside the sampling used (and a difference is w
 from the chat template when the model's files can be read (the variable the template reads), else from the served
 model's name; `generate.thinking_style` names it when neither tells.
 
-`python -m eagle3_train.assets.thinking --markdown` prints the table (README, "Thinking models").
+`python -m eagle3_train.assets.thinking --markdown` prints the table (docs/KIMI.md, "Thinking").
 """
 
 from __future__ import annotations
