@@ -71,7 +71,8 @@ def test_ddp_and_fsdp_train_what_one_process_trains(stages, tmp_path):
         out = tmp_path / engine
         torchrun(stages, out, "--max-steps", "4", "--set", f"train.parallel={engine}")
         meta = json.loads((out / "training_metadata.json").read_text())
-        assert (meta["run"]["world_size"], meta["run"]["parallel"]) == (2, engine)
+        run = meta["run"]
+        assert (run["world_size"], run["parallel"], run["ttt_attention"]) == (2, engine, "merged")
         assert_same_run(out, single)
         # the final weights are whole (gathered), so export and finetune read them as a single process's
         assert weights(out)["fc.weight"].shape == weights(single)["fc.weight"].shape

@@ -34,6 +34,10 @@ class TTTAttention(nn.Module):
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         raise NotImplementedError
 
+    def ttt_shape(self) -> tuple[int, int, int]:
+        """(query heads, key/value heads, head width) of what `_qkv` returns: the shapes the TTT kernels see."""
+        raise NotImplementedError
+
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -73,6 +77,9 @@ class DraftAttention(TTTAttention):
         self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def ttt_shape(self) -> tuple[int, int, int]:
+        return self.heads, self.kv_heads, self.head_dim
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, L, _ = x.shape

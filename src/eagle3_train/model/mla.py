@@ -63,6 +63,9 @@ class MLAAttention(TTTAttention):
         self.o_proj = nn.Linear(self.heads * self.v_dim, cfg.hidden_size, bias=False)
         self.scale = yarn_apply_mscale(cfg.rope_parameters(), qk ** -0.5)
 
+    def ttt_shape(self) -> tuple[int, int, int]:
+        return self.heads, self.heads, self.nope + self.rope  # keys expanded per head, values padded to the width
+
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         B, L, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora_rank else self.q_proj(x)

@@ -73,8 +73,6 @@ class Trainer:
         """This process's rank (torchrun) and device, and the precision it resolves to there."""
         self.info, self.device = init_device(self.cfg.device)
         self.precision = resolve_precision(self.cfg.precision, self.device)
-        # the later TTT steps' attention (model/ttt_attention.py), checked on this device before it trains
-        self.ttt_kernel = select_kernel(self.device, torch.bfloat16 if self.precision == "bf16" else torch.float32)
         if self.cfg.resume:
             self._keep_global_batch()
 
@@ -99,6 +97,9 @@ class Trainer:
             self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(self.device)
+        # the later TTT steps' attention (model/ttt_attention.py), checked on this device at this draft's head shape
+        self.ttt_kernel = select_kernel(self.device, torch.bfloat16 if self.precision == "bf16" else torch.float32,
+                                        self.model.layers[0].self_attn.ttt_shape())
 
     def _setup_data(self) -> None:
         """This rank's share of the training and validation samples, and the steps they make."""
