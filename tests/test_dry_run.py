@@ -312,7 +312,7 @@ def test_the_kimi_config_passes_its_dry_run_on_header_only_stand_ins(kimi, tmp_p
 
 def test_an_online_run_whose_server_cannot_sit_beside_training_is_refused(kimi, tmp_path):
     """`run --dry-run` of an online run that serves the verifier itself: the server's share of the weights (from
-    the index) and the trainer's planned peak must fit one GPU; 595 GB over 8 x 141 GB GPUs beside training do not."""
+    the index) and the trainer's planned peak must fit one GPU; 595 GB over 8 x 96 GB GPUs beside training do not."""
     from eagle3_train.pipeline import Pipeline, served_beside_training
 
     _, verifier, _ = kimi
@@ -325,7 +325,7 @@ def test_an_online_run_whose_server_cannot_sit_beside_training_is_refused(kimi, 
               "prepare": {"max_length": 16384}, "train": {"hidden_states_mode": "online", "ttt_steps": 7}}
     ctx = Pipeline(config)._context(need="tokenizer")
     with pytest.raises(Eagle3InputError, match=r"74\.4 GB per GPU over 8 beside the trainer's planned peak"):
-        served_beside_training(ctx, gpu_bytes=141_000_000_000)
+        served_beside_training(ctx, gpu_bytes=96_000_000_000)
     assert "NOT checked" in served_beside_training(ctx, gpu_bytes=None)
     roomy = served_beside_training(Pipeline({**config, "prepare": {"max_length": 512}})._context(need="tokenizer"),
                                    gpu_bytes=288_000_000_000)

@@ -164,6 +164,33 @@ def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
 
 
+@pytest.mark.parametrize("loss", ["ce", "kl+tv"])
+def test_the_loss_in_pieces_of_rows_is_the_loss_in_one(loss, monkeypatch):
+    """Under checkpoint_loss a step's loss runs in pieces of rows (LOSS_CHUNK_ELEMENTS logits each, so that a long
+    sample's [rows, Vd] logits never exist at once): the same loss, metric sums and gradients as one piece."""
+    import eagle3_train.train.ttt as ttt
+
+    model = tiny_draft(2)
+    batch, lm_head, draft_ids, t2d = tiny_batch(2, on_policy=(1,))
+    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
+    denominators = supervised_counts(batch.loss_mask, STEPS)
+    results = []
+    for elements in (2**26, 4 * VD):  # one piece; pieces of 4 rows (the last one shorter)
+        monkeypatch.setattr(ttt, "LOSS_CHUNK_ELEMENTS", elements)
+        model.zero_grad()
+        loss_value, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0, 0.8, 0.64), loss=loss),
+                                       denominators)
+        loss_value.backward()
+        results.append((loss_value.detach(), sums, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                    if p.requires_grad}))
+    (l1, s1, g1), (l2, s2, g2) = results
+    assert batch.loss_mask[:, 2:].sum() > 8  # step 0 runs in three pieces or more
+    torch.testing.assert_close(l2, l1, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(s2, s1, rtol=1e-6, atol=1e-7)
+    for name in g1:
+        torch.testing.assert_close(g2[name], g1[name], rtol=1e-5, atol=1e-6, msg=name)  # fp32 sums in pieces
+
+
 def test_a_batch_shorter_than_the_steps_stops_early():
     model = tiny_draft().eval()
     batch, lm_head, draft_ids, t2d = tiny_batch()

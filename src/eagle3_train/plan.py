@@ -25,7 +25,7 @@ import torch
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_ttt_query_block, describe_mla
 from eagle3_train.model.ttt_attention import merged_available
-from eagle3_train.model.verifier_head import chunk_rows
+from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, chunk_rows
 from eagle3_train.train.config import TrainConfig, auto_parallel
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -256,15 +256,15 @@ def loss_forward_bytes(R: int, Vd: int) -> int:
 
 
 def shard_units(params: dict[str, int]) -> dict[str, int]:
-    """Trainable parameters of each unit train/parallel.py shards: every decoder layer, fc, lm_head, the root (the
-    rest: norms, a draft's own embedding)."""
-    units: dict[str, int] = {"fc": 0, "lm_head": 0}
+    """Trainable parameters of each unit train/parallel.py shards: every decoder layer, fc, the root (the rest:
+    lm_head, norms, a draft's own embedding)."""
+    units: dict[str, int] = {"fc": 0}
     for key, n in params.items():
         name = key.removeprefix("module:")
         if name.startswith("layers."):
             layer = ".".join(name.split(".")[:2])
             units[layer] = units.get(layer, 0) + n
-        elif name in ("fc", "lm_head"):
+        elif name == "fc":
             units[name] = n
     units["root"] = params["trainable"] - sum(units.values())
     return units
@@ -275,8 +275,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process, under
     `engine`: ddp (every rank holds the whole training state) or fsdp (train/parallel.py: the fp32 weights,
     gradients and AdamW states divided over the ranks, offloaded to the host with offload_optimizer; the units in
-    the compute dtype gathered, the layers and lm_head for the whole step, fc in turn; a unit's whole gradient and its
-    fp32 reduce-scatter buffer at the end of its backward)."""
+    the compute dtype gathered, the layers and the root (with lm_head) for the whole step, fc in turn; a unit's
+    whole gradient and its fp32 reduce-scatter buffer at the end of its backward)."""
     g = _geometry(s)
     N, L, R = g["tokens"], g["seq_len"], g["supervised_rows"]
     P = params["trainable"]
@@ -312,10 +312,12 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     # in backward: softmax, targets and the logits' gradient (train/losses.py, soft_cross_entropy).
     # The full-vocab pass multiplies in lm_head's dtype (the trainer holds it in `frozen_bytes`), then in fp32; the
     # rows per chunk are capped as `chunk_rows` caps them (409 rows of Kimi's 163840 tokens).
-    chunk = max(1, min(chunk_rows(1024, V, 2**26), R))
+    chunk = max(1, min(chunk_rows(1024, V, LOGITS_CHUNK_ELEMENTS), R))
     full_logits = chunk * V * (4 if frozen_bytes == 4 else frozen_bytes + 4)
     targets_tmp = full_logits + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
-    loss_fwd, loss_bwd = loss_forward_bytes(R, Vd), 3 * R * Vd * 4
+    # under checkpoint_loss the loss runs in pieces of rows (train/ttt.py `_step_loss`): one piece's logits at a time
+    piece = chunk_rows(max(1, R), Vd, LOGITS_CHUNK_ELEMENTS) if s.checkpoint_loss else R
+    loss_fwd, loss_bwd = loss_forward_bytes(min(R, piece), Vd), 3 * min(R, piece) * Vd * 4
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]

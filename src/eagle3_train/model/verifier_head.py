@@ -211,6 +211,11 @@ def logit_transform(verifier_dir: str | Path, read_bias: bool = True) -> LogitTr
     return t
 
 
+# Logits per chunk wherever a [rows, vocab] matrix is computed in pieces (the targets' full-vocabulary pass, the
+# draft's loss): ~256 MB of fp32 each, whatever the number of rows
+LOGITS_CHUNK_ELEMENTS = 2**26
+
+
 def chunk_rows(chunk: int, vocab: int, max_elements: int) -> int:
     """Rows of a logits chunk: at most `chunk`, and at most `max_elements` logits over `vocab` entries."""
     return max(1, min(chunk, max_elements // vocab))
@@ -218,7 +223,7 @@ def chunk_rows(chunk: int, vocab: int, max_elements: int) -> int:
 
 @torch.no_grad()
 def full_vocab_stats(h: torch.Tensor, lm_head: torch.Tensor, transform: LogitTransform | None = None,
-                     chunk: int = 1024, max_elements: int = 2**26) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int = 1024, max_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """(argmax [N] int64, logsumexp [N] float32) of the verifier's full-vocabulary logits for final states h [N, H].
 
     The matmul runs in lm_head's dtype (h is cast to it), the transform and the reductions in float32; the logits

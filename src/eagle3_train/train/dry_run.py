@@ -27,6 +27,7 @@ from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, spec
 from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
+from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
@@ -56,7 +57,7 @@ def _gib(n: float) -> str:
 
 # --- memory and disk ------------------------------------------------------------------------------------------------
 def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes: tuple[int, ...] = (1, 8),
-                   max_target_elements: int = 2**26) -> dict[str, Any]:
+                   max_target_elements: int = LOGITS_CHUNK_ELEMENTS) -> dict[str, Any]:
     """Bytes per rank by counting (no activations: those depend on the data; see benchmarks/kimi_dry_run.py).
 
     Hook: the `eagle3-train plan` module computes the same and more; this local count keeps the dry run standalone.

@@ -5,9 +5,11 @@ calls checkpoints need; nothing else in the trainer knows which engine runs.
 
 - ddp: every rank holds the whole draft, its fp32 master weights, gradients and AdamW moments; gradients are reduced
   in buckets overlapped with the backward, once per optimizer step (`no_sync` on the other micro-batches).
-- fsdp: the decoder layer(s), fc, the draft lm_head and the rest are sharded units (`fully_shard`): parameters,
-  gradients and optimizer states are divided over the ranks; each unit is all-gathered for its compute (bf16 on the
-  wire under bf16, fp32 reduce-scatter). The frozen verifier embedding stays whole on every rank (`ignored_params`),
+- fsdp: the decoder layer(s), fc and the rest (the draft lm_head, norms, an own embedding) are sharded units
+  (`fully_shard`): parameters, gradients and optimizer states are divided over the ranks; each unit is all-gathered
+  for its compute (bf16 on the wire under bf16, fp32 reduce-scatter). The lm_head is in the root unit: the loss calls
+  it once per piece of rows (train/ttt.py), a number that differs between ranks, and a unit of its own would
+  reduce-scatter once per call. The frozen verifier embedding stays whole on every rank (`ignored_params`),
   in the compute dtype, as the verifier's lm_head (held outside the draft). Muon needs whole matrices: refused.
 
 Gradients are summed over ranks (the loss is already normalised by the global supervised counts, so one process with
@@ -202,9 +204,9 @@ class FSDPEngine(Engine):
             fully_shard(layer, reshard_after_forward=False, **units)
             register_fsdp_forward_method(layer, "ttt")  # the trainer calls layer.ttt, not forward
         fully_shard(draft.fc, **units)
-        fully_shard(draft.lm_head, reshard_after_forward=False, **units)  # called once per TTT step as well
-        # The root (norms, an own embedding): its forward is the TTT unroll (the targets' float64 denominators must
-        # not be cast either)
+        # The root (lm_head, norms, an own embedding): its forward is the TTT unroll, gathered once for it and
+        # reduced once after the backward however often the loss calls lm_head (the targets' float64 denominators
+        # must not be cast either)
         fully_shard(module, ignored_params=frozen, **units)
 
     def sync(self, last: bool):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3_train.model.verifier_head import LogitTransform, chunk_rows, full_vocab_stats
+from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, LogitTransform, chunk_rows, full_vocab_stats
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Targets:
 @torch.no_grad()
 def verifier_targets(final: torch.Tensor, loss_mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
                      t2d: torch.Tensor, transform: LogitTransform | None = None, chunk: int = 1024,
-                     max_elements: int = 2**26, full_argmax: torch.Tensor | None = None,
+                     max_elements: int = LOGITS_CHUNK_ELEMENTS, full_argmax: torch.Tensor | None = None,
                      full_lse: torch.Tensor | None = None) -> Targets:
     """final: [B, L, H]; lm_head: verifier [V, H]; draft_ids: [Vd] target id of each draft row; `transform`: what
     the verifier does to `final @ lm_head.T` (see `model.verifier_head.logit_transform`); `full_argmax` [B, L]

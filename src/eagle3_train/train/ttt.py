@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, chunk_rows
 from eagle3_train.train.data import Batch
 from eagle3_train.train.losses import acceptance, row_loss, soft_cross_entropy
 from eagle3_train.train.objective import Objective
@@ -115,6 +116,32 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     return loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum
 
 
+# Draft-vocab logits per recomputed piece of a step's loss: its [rows, Vd] temporaries (four fp32 at once) stay
+# ~1 GB whatever the sample's length (a 16K-token step of a full 163,840-row vocabulary would hold 43 GB at once)
+LOSS_CHUNK_ELEMENTS = LOGITS_CHUNK_ELEMENTS
+
+
+def _step_loss(model: Eagle3Draft, hidden: torch.Tensor, targets: Targets, rows: torch.Tensor, valid: torch.Tensor,
+               scored: torch.Tensor | None, objective: Objective
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_head_loss` over a step's rows; under `checkpoint_loss`, in pieces of rows each recomputed in backward, so
+    only one piece's logits exist at a time (forward and backward)."""
+    options = (objective.loss, objective.loss_mix)
+    if not (objective.checkpoint_loss and torch.is_grad_enabled()):
+        return _head_loss(model, hidden, targets.probs, rows, valid, targets.in_mass, *options, scored)
+    n = chunk_rows(max(1, len(rows)), targets.probs.shape[1], LOSS_CHUNK_ELEMENTS)
+    # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every TTT
+    # step: the largest activations of a step, for one extra lm_head matmul.
+    parts = [torch.utils.checkpoint.checkpoint(
+        _head_loss, model, hidden[s:s + n], targets.probs, rows[s:s + n], valid[s:s + n], targets.in_mass, *options,
+        None if scored is None else scored[s:s + n], use_reentrant=False) for s in range(0, max(1, len(rows)), n)]
+    if len(parts) == 1:
+        return parts[0]
+    loss_sum, scored_loss, argmax, alpha_sum, p_draft_sum = zip(*parts)
+    return (torch.stack(loss_sum).sum(), torch.stack(scored_loss).sum(), torch.cat(argmax),
+            torch.stack(alpha_sum).sum(), torch.stack(p_draft_sum).sum())
+
+
 def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: Objective,
                 denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (loss to backpropagate, metric sums [NUM_SUMS, steps]).
@@ -126,8 +153,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
     """
     B, L = batch.input_ids.shape
     steps, step_weights = objective.steps, objective.step_weights
-    checkpoint_loss, checkpoint_mlp = objective.checkpoint_loss, objective.checkpoint_mlp
-    head_options = (objective.loss, objective.loss_mix)
+    checkpoint_mlp = objective.checkpoint_mlp
     h = model.fuse(batch.aux)
     caches = model.new_ttt_caches()
     positions = torch.arange(L, device=h.device).expand(B, L)
@@ -146,15 +172,8 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
         scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
-        if checkpoint_loss and torch.is_grad_enabled():
-            # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every
-            # TTT step: the largest activations of a step, for one extra lm_head matmul.
-            loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = torch.utils.checkpoint.checkpoint(
-                _head_loss, model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options,
-                scored, use_reentrant=False)
-        else:
-            loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _head_loss(
-                model, out[b_idx, t_idx], targets.probs, rows, valid, targets.in_mass, *head_options, scored)
+        loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _step_loss(
+            model, out[b_idx, t_idx], targets, rows, valid, scored, objective)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
             match = draft_argmax == targets.argmax[rows]
