@@ -124,10 +124,22 @@ def test_the_printed_serve_command_carries_trust_remote_code_when_the_run_used_i
     plain = write_ours(ref, tmp_path / "plain", {"settings": {"trust_remote_code": False}})
     kimi = write_ours(ref, tmp_path / "kimi", {"settings": {"trust_remote_code": True}})
     result = export(plain, tmp_path / "a", fmt="eagle", verifier="v")
-    assert "--trust-remote-code" not in result["serve"]
+    assert "--trust-remote-code" not in result["serve"] + result["serve_sglang"]
+    # SGLang's launch line beside vLLM's: the same chain of k drafted tokens
+    sglang = result["serve_sglang"].split()
+    assert sglang[:3] == ["python", "-m", "sglang.launch_server"]
+    flags = dict(zip(sglang[3::2], sglang[4::2]))
+    assert (flags["--speculative-algorithm"], flags["--speculative-draft-model-path"]) == ("EAGLE3",
+                                                                                        str(tmp_path / "a"))
+    assert (flags["--speculative-eagle-topk"], int(flags["--speculative-num-draft-tokens"])) == (
+        "1", int(flags["--speculative-num-steps"]) + 1)
     assert "--pipeline-parallel-size 1" in result["serve_notes"][0]  # no embedding exported: PP >= 2 needs one
     for fmt in ("eagle", "speculators"):
-        assert export(kimi, tmp_path / fmt, fmt=fmt, verifier="v")["serve"].endswith(" --trust-remote-code")
+        result = export(kimi, tmp_path / fmt, fmt=fmt, verifier="v")
+        assert result["serve"].endswith(" --trust-remote-code")
+        # SGLang reads the EAGLE format only
+        assert result["serve_sglang"].endswith(" --trust-remote-code") if fmt == "eagle" else \
+            result["serve_sglang"] is None
 
 
 def test_an_mla_draft_with_a_norm_over_the_taps_is_not_served_as_trained_by_vllm():

@@ -33,6 +33,9 @@ def test_pipeline_runs_end_to_end_and_resumes(tmp_path, tiny_llama_dir, capsys):
     run = tmp_path / "run"
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["exports"]) == {"eagle", "speculators"}
+    # how to serve each: vLLM both formats, SGLang the EAGLE one (it does not read the speculators format)
+    assert set(summary["serve"]) == {"eagle", "speculators"} and set(summary["serve_sglang"]) == {"eagle"}
+    assert "serve with SGLang (eagle)" in out and "--speculative-algorithm EAGLE3" in out
     offline = summary["evaluate"]["offline"]
     assert offline["greedy_identical"] is True and 1.0 <= offline["mean_acceptance_length"] <= 4.0
     assert json.loads((run / "export-eagle" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]

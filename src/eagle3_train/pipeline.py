@@ -629,6 +629,8 @@ def _export_run(ctx: RunContext, fmt: str | None) -> Any:
 def _export_use(ctx: RunContext, fmt: str | None, result: Any) -> None:
     ctx.summary.setdefault("exports", {})[fmt] = result["out"]
     ctx.summary.setdefault("serve", {})[fmt] = result["serve"]
+    if result.get("serve_sglang"):
+        ctx.summary.setdefault("serve_sglang", {})[fmt] = result["serve_sglang"]
 
 
 def _evaluate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
@@ -720,6 +722,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append((f"exported draft ({fmt})", path))
     for fmt, cmd in (s.get("serve") or {}).items():
         rows.append((f"serve with vLLM ({fmt})", cmd))
+    for fmt, cmd in (s.get("serve_sglang") or {}).items():
+        rows.append((f"serve with SGLang ({fmt})", cmd))
     width = max(len(r[0]) for r in rows)
     lines = ["", "=" * 100, "eagle3-train run summary", "-" * 100]
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]

@@ -197,8 +197,13 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     notes = [] if include_embed else [
         "pipeline parallelism: vLLM gives a draft the verifier's embedding only at --pipeline-parallel-size 1; "
         "to serve this draft beside a verifier split over pipeline stages, export it with --include-embed"]
+    sglang = sglang_command(out, fmt, verifier_name, speculative_tokens, remote_code)
+    if sglang and not engines["sglang"]["serves_as_trained"]:
+        notes.append("SGLang would serve this draft otherwise than it was trained: "
+                     + "; ".join(engines["sglang"]["reasons"]))
     return {"out": str(out), **record,
-            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code), "serve_notes": notes}
+            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code),
+            "serve_sglang": sglang, "serve_notes": notes}
 
 
 def is_export_dir(path: Path) -> bool:
@@ -215,6 +220,17 @@ def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remot
         return f"vllm serve {out}{flag}"
     spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k})
     return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'{flag}"
+
+
+def sglang_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remote_code: bool = False) -> str | None:
+    """SGLang's launch line for an EAGLE-format draft: a chain of k drafted tokens (top-k 1, k + 1 tokens verified),
+    as vLLM drafts it; None for the speculators format, which SGLang does not read."""
+    if fmt != "eagle":
+        return None
+    return (f"python -m sglang.launch_server --model-path {servable_verifier(verifier) if verifier else 'VERIFIER'} "
+            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {out} --speculative-num-steps {k} "
+            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"
+            + (" --trust-remote-code" if trust_remote_code else ""))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
