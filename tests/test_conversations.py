@@ -241,6 +241,20 @@ def test_bad_records_stop_by_default_naming_file_and_line(tmp_path):
         collect(f)
 
 
+def test_a_file_that_is_not_json_at_all_is_named_as_such_not_skipped(tmp_path):
+    """A table (CSV) or any file whose first record is not JSON is a format mistake: the error says what is read and
+    how to convert, instead of --skip-bad-records (which would skip every row)."""
+    table = tmp_path / "chats.csv"
+    table.write_text("prompt,response\nhi,hello\n")
+    with pytest.raises(Eagle3InputError, match=r"chats.csv is a CSV file.*load_dataset\('csv'") as e:
+        collect(table)
+    assert "--skip-bad-records to skip" not in str(e.value)
+    text = tmp_path / "notes.jsonl"
+    text.write_text("just some text\n")
+    with pytest.raises(Eagle3InputError, match=r"record 1 .*first record is not JSON; check the file's format"):
+        collect(text)
+
+
 def test_skip_bad_records_counts_reasons_and_names_first_lines(tmp_path):
     f = tmp_path / "dump.jsonl"
     data = _mixed_file(f)

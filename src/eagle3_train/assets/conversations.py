@@ -167,6 +167,23 @@ def regeneration_record(path: Path) -> dict[str, Any] | None:
     return record
 
 
+_TABULAR = {".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+def _not_json(path: Path) -> str:
+    """What to do with a file whose first record is not JSON: a table (by its suffix) is converted, not skipped
+    (`--skip-bad-records` would skip every row)."""
+    expected = ("conversations are read from JSON Lines or a JSON array of records: ShareGPT `conversations` "
+                "(from/value) or OpenAI-style `messages`")
+    kind = _TABULAR.get(path.suffix.lower())
+    if kind:
+        return (f"{path.name} is a {path.suffix[1:].upper()} file, and {expected}; convert it first, e.g. "
+                f"`datasets.load_dataset('{kind}', data_files='{path}')['train'].to_json('{path.stem}.jsonl')` "
+                f"with its columns mapped to messages")
+    return (f"{expected}, and its first record is not JSON; check the file's format (--skip-bad-records skips only "
+            f"single broken records of a JSON file)")
+
+
 def _bad(info: SourceInfo, path: Path, line: int, reason: str, detail: str) -> None:
     info.bad_records[reason] = info.bad_records.get(reason, 0) + 1
     if len(info.bad_record_examples) < _BAD_EXAMPLES:
@@ -297,9 +314,11 @@ def _iter_values(text: str, path: Path, info: SourceInfo) -> Iterator[tuple[Any,
                 _bad(info, path, _line(text, i), "cut_off_tail", f"{e.msg} at the end of the file")
                 return
             if not info.skip_bad_records:
-                raise Eagle3InputError(f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): "
-                                       f"invalid JSON: {e.msg}; fix the file or pass --skip-bad-records to skip "
-                                       f"such records") from None
+                where = f"{path}, record {info.records + 1} (line {e.lineno}, column {e.colno}): invalid JSON: {e.msg}"
+                if info.records == 0 and info.bad_records == {}:  # not one record read: likely not JSON at all
+                    raise Eagle3InputError(f"{where}; {_not_json(path)}") from None
+                raise Eagle3InputError(f"{where}; fix the file or pass --skip-bad-records to skip such "
+                                       f"records") from None
             # JSON Lines: the bad record is its own line (the decoder may have read on into the next record, which
             # must not go with it); in an array, a record may span lines: resume after the line of the error.
             nl = text.find("\n", e.pos if in_array else i)
