@@ -166,7 +166,7 @@ def test_loss_is_the_weighted_per_step_mean_and_checkpointing_changes_nothing():
 
 @pytest.mark.parametrize("loss", ["ce", "kl+tv"])
 def test_the_loss_in_pieces_of_rows_is_the_loss_in_one(loss, monkeypatch):
-    """Under checkpoint_loss a step's loss runs in pieces of rows (LOSS_CHUNK_ELEMENTS logits each, so that a long
+    """Under checkpoint_loss a step's loss runs in pieces of rows (LOGITS_CHUNK_ELEMENTS logits each, so that a long
     sample's [rows, Vd] logits never exist at once): the same loss, metric sums and gradients as one piece."""
     import eagle3_train.train.ttt as ttt
 
@@ -176,7 +176,7 @@ def test_the_loss_in_pieces_of_rows_is_the_loss_in_one(loss, monkeypatch):
     denominators = supervised_counts(batch.loss_mask, STEPS)
     results = []
     for elements in (2**26, 4 * VD):  # one piece; pieces of 4 rows (the last one shorter)
-        monkeypatch.setattr(ttt, "LOSS_CHUNK_ELEMENTS", elements)
+        monkeypatch.setattr(ttt, "LOGITS_CHUNK_ELEMENTS", elements)
         model.zero_grad()
         loss_value, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0, 0.8, 0.64), loss=loss),
                                        denominators)

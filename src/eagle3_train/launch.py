@@ -37,8 +37,9 @@ def _check(s: LaunchSettings) -> None:
     if not s.head or s.head.startswith(":"):
         raise Eagle3InputError(f"launch: --head must be the first machine's address (HOST or HOST:PORT), got "
                                f"'{s.head}'")
-    if not _stage(s) or _stage(s)[0] not in LAUNCHABLE:
-        got = _stage(s)[0] if _stage(s) else "nothing"
+    stage = _stage(s)
+    if not stage or stage[0] not in LAUNCHABLE:
+        got = stage[0] if stage else "nothing"
         raise Eagle3InputError(f"launch: after `--` comes the stage to run, one of {', '.join(LAUNCHABLE)}, and its "
                                f"flags; got {got}")
 

@@ -316,8 +316,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     full_logits = chunk * V * (4 if frozen_bytes == 4 else frozen_bytes + 4)
     targets_tmp = full_logits + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
     # under checkpoint_loss the loss runs in pieces of rows (train/ttt.py `_step_loss`): one piece's logits at a time
-    piece = chunk_rows(max(1, R), Vd, LOGITS_CHUNK_ELEMENTS) if s.checkpoint_loss else R
-    loss_fwd, loss_bwd = loss_forward_bytes(min(R, piece), Vd), 3 * min(R, piece) * Vd * 4
+    piece = min(R, chunk_rows(R, Vd, LOGITS_CHUNK_ELEMENTS)) if s.checkpoint_loss else R
+    loss_fwd, loss_bwd = loss_forward_bytes(piece, Vd), 3 * piece * Vd * 4
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]

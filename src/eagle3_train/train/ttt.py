@@ -116,20 +116,16 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     return loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum
 
 
-# Draft-vocab logits per recomputed piece of a step's loss: its [rows, Vd] temporaries (four fp32 at once) stay
-# ~1 GB whatever the sample's length (a 16K-token step of a full 163,840-row vocabulary would hold 43 GB at once)
-LOSS_CHUNK_ELEMENTS = LOGITS_CHUNK_ELEMENTS
-
-
 def _step_loss(model: Eagle3Draft, hidden: torch.Tensor, targets: Targets, rows: torch.Tensor, valid: torch.Tensor,
                scored: torch.Tensor | None, objective: Objective
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`_head_loss` over a step's rows; under `checkpoint_loss`, in pieces of rows each recomputed in backward, so
-    only one piece's logits exist at a time (forward and backward)."""
+    """`_head_loss` over a step's rows; under `checkpoint_loss`, in pieces of LOGITS_CHUNK_ELEMENTS logits each
+    recomputed in backward, so only one piece's [rows, Vd] temporaries (four fp32 at once, ~1 GB) exist at a time
+    whatever the sample's length (a 16K-token step of a full 163,840-row vocabulary would hold 43 GB at once)."""
     options = (objective.loss, objective.loss_mix)
     if not (objective.checkpoint_loss and torch.is_grad_enabled()):
         return _head_loss(model, hidden, targets.probs, rows, valid, targets.in_mass, *options, scored)
-    n = chunk_rows(max(1, len(rows)), targets.probs.shape[1], LOSS_CHUNK_ELEMENTS)
+    n = chunk_rows(max(1, len(rows)), targets.probs.shape[1], LOGITS_CHUNK_ELEMENTS)
     # Recompute the [rows, Vd] logits in backward instead of keeping them (and their log-softmax) for every TTT
     # step: the largest activations of a step, for one extra lm_head matmul.
     parts = [torch.utils.checkpoint.checkpoint(
