@@ -95,9 +95,11 @@ def assert_draft_for_draft(served: list[tuple[list[int], dict]], offline: dict, 
     vLLM counts every draft the verifier matched, also past max_tokens (it truncates the output afterwards): so does
     the offline evaluator's `matched`. In bf16 the draft's own top two logits often tie within a rounding step (its
     closest margin per prompt is printed: 0 to 0.05 logit std here), and vLLM's kernels may break such a tie the other
-    way: that moves one draft of one round, (drafts, accepted) by at most one each. So a prompt may differ by that
-    much where the draft met a near-tie, on at most half the prompts (measured: 0 or 1 of 5 per run on an AMX host,
-    2 on a CI host); a wrong draft, layer or feature order moves most prompts by several drafts."""
+    way: that flips one draft token of one round, which changes that round's accepted count by up to k (the chain's
+    tokens after it) and where the later rounds start, so the number of rounds by about one. So a prompt may differ by
+    one round and k accepted where the draft met a near-tie, on at most half the prompts (measured: 0 or 1 of 5 per run
+    on an AMX host, 1-2 on CI hosts, once (12, 14) against (11, 12) at a tie of 0.0); a wrong draft, layer or feature
+    order moves most prompts by several drafts."""
     compared = []
     for (tokens, acc), rec in zip(served, offline["prompts"], strict=True):
         turn = rec["turns"][0]
@@ -109,7 +111,7 @@ def assert_draft_for_draft(served: list[tuple[list[int], dict]], offline: dict, 
     print(f"\n[{label}] vLLM vs offline (drafts, accepted) per prompt, with the draft's closest tie: {compared}")
     assert len(compared) >= PROMPTS // 2, f"too few prompts with the same output on both sides: {compared}"
     differing = [(v, o) for v, o, closest in compared if v != o and closest < TIE
-                 and abs(v[0] - o[0]) <= 1 and abs(v[1] - o[1]) <= 1]
+                 and abs(v[0] - o[0]) <= 1 and abs(v[1] - o[1]) <= offline["settings"]["k"]]
     assert len(differing) == sum(v != o for v, o, _ in compared) <= len(compared) // 2, compared
 
 
