@@ -23,7 +23,7 @@ from common import BASE, OUT, build_data
 from eagle3_train.evaluate.pipeline_eval import acceptance_summary, served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import read_json, write_json

@@ -84,7 +84,7 @@ def fp8_copy(src: Path, dst: Path) -> dict:
 
 def train_variant(name: str, hidden: Path, epochs: float) -> dict:
     from eagle3_train.export.exporter import export
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.trainer import train
 
     run = OUT / name

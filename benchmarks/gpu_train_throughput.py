@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from eagle3_train.assets.verifier import Verifier  # noqa: E402
 from eagle3_train.model.aux_layers import default_layer_ids  # noqa: E402
 from eagle3_train.model.verifier_head import LogitTransform  # noqa: E402
+from eagle3_train.settings.train import TrainConfig  # noqa: E402
 from eagle3_train.train.build import build_model  # noqa: E402
-from eagle3_train.train.config import TrainConfig  # noqa: E402
 from eagle3_train.train.data import Batch  # noqa: E402
 from eagle3_train.train.inputs import RunInputs  # noqa: E402
 from eagle3_train.train.optimizer import (

@@ -21,7 +21,7 @@ from common import HERE, MEASURES, serve
 from eagle3_train.export.exporter import export
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import hidden_states_server
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import read_json, write_json

@@ -48,8 +48,10 @@ def run_one(length: int, kernel: str) -> dict:
 
     from eagle3_train.model.attention import TTTAttention
     from eagle3_train.model.draft import Eagle3Draft
-    from eagle3_train.plan import build_meta_draft, plan, ttt_saved_bytes
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.plan import plan
+    from eagle3_train.plan.memory import ttt_saved_bytes
+    from eagle3_train.plan.verifier import build_meta_draft
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.data import Batch
     from eagle3_train.train.objective import Objective
     from eagle3_train.train.targets import verifier_targets

@@ -48,7 +48,7 @@ def main() -> int:
     from eagle3_train.assets.verifier import resolve_verifier
     from eagle3_train.hidden_states.extract import extract
     from eagle3_train.serving.vllm_server import hidden_states_server
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.trainer import train
     from eagle3_train.vocab.build import build_vocab
 

@@ -38,8 +38,8 @@ def run_one(ttt_steps: int, steps: int, threads: int | None) -> dict:
     import eagle3_train.train.trainer  # noqa: F401  (every import before the baseline)
     from eagle3_train.assets.verifier import resolve_verifier
     from eagle3_train.plan import PlanSettings, plan
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.batching import plan_batches
-    from eagle3_train.train.config import TrainConfig
     from eagle3_train.train.trainer import Trainer
 
     if threads:

@@ -16,8 +16,8 @@ import common as bench
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.batching import plan_batches
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.trainer import Trainer
 from eagle3_train.train.ttt import supervised_counts, ttt_forward

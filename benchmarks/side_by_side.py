@@ -32,7 +32,7 @@ import common as data
 from common import BASE, MEASURES, curve_speculators, ours_train_rows, serve
 
 from eagle3_train.export.exporter import export
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import to_dataclass
 from eagle3_train.utils.io import read_json, write_json

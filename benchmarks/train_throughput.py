@@ -22,7 +22,7 @@ def run_one(ttt_steps: int, steps: int, threads: int | None, overrides: list[str
     """Child process: train `steps` optimizer steps and report tokens/s (after the first step) and peak RSS."""
     import torch
 
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.trainer import Trainer
     from eagle3_train.utils.settings import build_settings, parse_set
 

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from vllm_helpers import write_random_eagle3_draft  # noqa: E402
 
 from eagle3_train.assets.verifier import resolve_verifier  # noqa: E402
-from eagle3_train.serving.vllm_server import VLLMServer, speculative_config  # noqa: E402
+from eagle3_train.serving.vllm_options import speculative_config  # noqa: E402
+from eagle3_train.serving.vllm_server import VLLMServer  # noqa: E402
 
 
 def main() -> None:

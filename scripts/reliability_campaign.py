@@ -228,7 +228,8 @@ def tiny_llama(out: Path, seed: int = 0, vocab_extra: int = 0, add_token: bool =
 
 def conversations_file(path: Path, n: int, offset: int = 0) -> Path:
     """The first n ShareGPT conversations (after `offset`) with one user and one assistant turn, as JSONL."""
-    from eagle3_train.assets.conversations import load_conversations, normalize_turns
+    from eagle3_train.assets.conversation_records import normalize_turns
+    from eagle3_train.assets.conversations import load_conversations
 
     rows = []
     it, _ = load_conversations("sharegpt", limit=(n + offset) * 3)

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from eagle3_train.assets.verifier import Verifier
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 
 # SmolLM2-135M-Instruct's shape (its config.json, abridged).

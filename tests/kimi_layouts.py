@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 
 from eagle3_train.assets.verifier import verifier_identity
 from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, ShardPlan, split_index, write_shard
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.utils.io import sha256_file, write_json
 
 H, V, VD, L = 7168, 163840, 32000, 61

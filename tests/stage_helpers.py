@@ -17,7 +17,7 @@ import torch
 from eagle3_train.data.prepare import prepare
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.hidden_states.store import HiddenStatesReader
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.vocab.build import build_vocab
 
 

@@ -196,7 +196,7 @@ def test_evaluation_stops_where_training_supervision_ends(maskers, name):
     `user_turn_delimiters`; both must read the template as the loss mask does: the stop token is the last supervised
     token of every reply, and the user turns of a rendered training sample are found again."""
     from eagle3_train.data.chat_mask import end_of_turn_token_id, user_turn_delimiters
-    from eagle3_train.evaluate.offline import normalize_text, user_turns_of
+    from eagle3_train.evaluate.held_out import normalize_text, user_turns_of
 
     masker = maskers[name]
     # no system message: templates without a system role (gemma) merge it into the first user turn

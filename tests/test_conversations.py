@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_train.assets.conversations import load_conversations, normalize_turns, sharegpt_path
+from eagle3_train.assets.conversation_records import normalize_turns
+from eagle3_train.assets.conversations import load_conversations, sharegpt_path
 from eagle3_train.utils.io import Eagle3InputError
 
 SHAREGPT_RECORDS = [

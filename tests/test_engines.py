@@ -34,7 +34,7 @@ def test_sglang_target_refuses_options_it_ignores(runs, head, vocab_a, tmp_path,
     norm_before_residual false only; the MLA loader builds one layer."""
     from test_mla_draft import mla_config
 
-    from eagle3_train.export.engines import SGLANG_LOADERS, engine_support, markdown_table
+    from eagle3_train.model.engines import SGLANG_LOADERS, engine_support, markdown_table
 
     nbr = write_ours(reference_draft(head[0], vocab_a, norm_before_residual=True), tmp_path / "nbr")
     with pytest.raises(Eagle3InputError, match=r"norm_before_residual=true: SGLang's llama_eagle3.py"):
@@ -69,7 +69,7 @@ def test_sglang_target_refuses_options_it_ignores(runs, head, vocab_a, tmp_path,
     assert not early["serves_as_trained"] and "one layer early" in early["reasons"][0]
     # the table the docs carry
     doc = (Path(__file__).resolve().parents[1] / "docs" / "VERIFIER_FAMILIES.md").read_text()
-    assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.export.engines " \
+    assert markdown_table() in doc, "docs/VERIFIER_FAMILIES.md is stale: python -m eagle3_train.model.engines " \
                                     "--markdown"
 
 
@@ -147,7 +147,7 @@ def test_an_mla_draft_with_a_norm_over_the_taps_is_not_served_as_trained_by_vllm
     the verdict says so (the file in the vLLM env is checked when it is installed)."""
     from test_mla_draft import mla_config
 
-    from eagle3_train.export.engines import engine_support
+    from eagle3_train.model.engines import engine_support
 
     plain = engine_support(mla_config(), "eagle")["vllm"]
     assert plain["serves_as_trained"] and not plain["reasons"]
@@ -169,7 +169,7 @@ def test_an_mla_draft_named_deepseek_v3_is_not_served_as_an_eagle3_draft_by_vllm
     kimi_k2 model_type our MLA exports write is served."""
     from test_mla_draft import mla_config
 
-    from eagle3_train.export.engines import engine_support
+    from eagle3_train.model.engines import engine_support
 
     assert not engine_support(mla_config(), "eagle", model_type="deepseek_v3")["vllm"]["serves_as_trained"]
     assert "DeepSeek-MTP" in engine_support(mla_config(), "eagle", model_type="deepseek_v3")["vllm"]["reasons"][0]

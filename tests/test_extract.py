@@ -466,7 +466,7 @@ def test_extract_and_offline_evaluation_tap_the_same_states(tmp_path):
     tokens both are the inputs of the aux layers (HF hidden_states[i]), whatever the padding around them."""
     from transformers import AutoModelForCausalLM
 
-    from eagle3_train.evaluate.offline import TappedVerifier
+    from eagle3_train.evaluate.decode import TappedVerifier
     from eagle3_train.hidden_states.hf_backend import run_batch
     from eagle3_train.hidden_states.layers import AuxCapture, decoder_parts
 

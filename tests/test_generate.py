@@ -17,7 +17,9 @@ from vllm_helpers import require_vllm, shared_server
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from reliability_campaign import FakeServer  # noqa: E402
 
-from eagle3_train.generate.regenerate import AppendLog, recover_jsonl, regenerate, request_seed
+from eagle3_train.generate.conversation import request_seed
+from eagle3_train.generate.journal import AppendLog, recover_jsonl
+from eagle3_train.generate.regenerate import regenerate
 from eagle3_train.utils.io import Eagle3InputError
 
 MODEL = "smollm2"  # served name used by the shared test servers
@@ -376,7 +378,7 @@ def test_regenerated_data_is_supervised_as_the_verifier_generated_it(servers, tm
     """What prepare supervises is what the verifier produced: each regenerated turn keeps vLLM's token ids, and the
     prepared supervised ids equal them; a tool-call turn kept from the source (the verifier did not write it) is
     context unless asked; tools reach a server without a tool-call parser only to stop the run, naming the flags."""
-    from eagle3_train.assets.conversations import REGENERATED, TOKEN_IDS
+    from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
     from eagle3_train.data.prepare import prepare
 
     plain, _ = servers

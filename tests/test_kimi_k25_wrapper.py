@@ -31,7 +31,7 @@ from eagle3_train.hidden_states.vllm_backend import final_norm_file
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.verifier_head import load_final_norm, verifier_head_shapes
 from eagle3_train.plan import PlanSettings, plan
-from eagle3_train.serving.vllm_server import server_options
+from eagle3_train.serving.vllm_options import server_options
 from eagle3_train.train.dry_run import METADATA_FILE, dry_run
 
 NORM = torch.linspace(0.5, 1.5, H)

@@ -18,15 +18,16 @@ from test_kimi_tokenizer import CONVERSATION
 from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train import cli
-from eagle3_train.assets.conversations import REGENERATED
+from eagle3_train.assets.conversation_records import REGENERATED
 from eagle3_train.data.prepare import load_prepared, prepare
 from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.evaluate.pipeline_eval import served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
-from eagle3_train.generate.regenerate import recover_jsonl, regenerate
+from eagle3_train.generate.journal import recover_jsonl
+from eagle3_train.generate.regenerate import regenerate
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 

@@ -13,7 +13,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3_train.checkpoints.native import load_draft, save_checkpoint
-from eagle3_train.evaluate.offline import ThinkTags, evaluate_offline, held_out_check
+from eagle3_train.evaluate.decode import ThinkTags
+from eagle3_train.evaluate.held_out import held_out_check
+from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.evaluate.prompts import EvalPrompt
 from eagle3_train.evaluate.report import format_table
 from eagle3_train.model.config import DraftConfig
@@ -267,7 +269,7 @@ def transformers4_crop_cache(config):
 def test_fully_accepted_rounds_keep_the_verifier_context(tiny_llama_dir, cache):
     """All k drafts accepted in every round, with a verifier whose output depends on its context: the verifier's
     cache must keep every verified token (no crop when nothing was rejected), else its output drifts from greedy."""
-    from eagle3_train.evaluate.offline import TappedVerifier, chain_decode
+    from eagle3_train.evaluate.decode import TappedVerifier, chain_decode
 
     verifier_dir = tiny_llama_dir(initializer_range=0.5)
     k, max_new = 3, 25
@@ -365,7 +367,7 @@ def test_bad_settings_and_missing_draft(tiny, tmp_path):
 
 
 def test_greedy_comparison_reports_position_and_logit_gap(tiny):
-    from eagle3_train.evaluate.offline import TappedVerifier, compare_with_greedy, greedy_decode
+    from eagle3_train.evaluate.decode import TappedVerifier, compare_with_greedy, greedy_decode
 
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny).eval()

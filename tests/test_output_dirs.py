@@ -213,7 +213,7 @@ def test_prune_deletes_only_our_periodic_checkpoints(tmp_path, ref):
 
 def test_generate_accepts_the_log_of_the_server_it_started(tmp_path, capsys):
     # `run` and `generate --serve-verifier` start vLLM with its log in the output directory before generating.
-    from eagle3_train.generate.regenerate import claim_generate_output
+    from eagle3_train.generate.resume import claim_generate_output
 
     out = claim_generate_output(tmp_path / "generated")  # claimed before the server writes its log there
     (out / "vllm.log").write_text("INFO started\n")

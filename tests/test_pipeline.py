@@ -68,7 +68,7 @@ def test_unknown_sections_and_keys_are_named(tmp_path):
     with pytest.raises(Eagle3InputError, match="unknown key 'trian' in the top level.*did you mean 'train'"):
         Pipeline({"trian": {}})
     with pytest.raises(Eagle3InputError, match="lrr"):
-        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.settings.train import TrainConfig
         from eagle3_train.utils.config import to_dataclass
 
         to_dataclass(TrainConfig, {"lrr": 1}, "config section `train`")

@@ -19,7 +19,9 @@ from torch.utils._pytree import tree_flatten
 from eagle3_train.cli import main as cli_main
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.plan import PlanSettings, format_plan, loss_forward_bytes, plan, ttt_saved_bytes
+from eagle3_train.plan import PlanSettings, plan
+from eagle3_train.plan.memory import loss_forward_bytes, ttt_saved_bytes
+from eagle3_train.plan.report import format_plan
 from eagle3_train.utils.io import Eagle3InputError
 
 # Public Kimi-K2-Instruct config fields (DeepSeek-V3 architecture, MLA + MoE); no weights, and remote code is never run.
@@ -89,7 +91,7 @@ def test_llama_31_8b_shaped(tmp_path):
     assert p.parameters["frozen"] == 128256 * 4096
     assert p.hidden_states["bytes_per_token"] == 4 * 4096 * 2
     # fp8 with one fp32 scale per stored row: a little over half of bf16
-    fp8 = p.hidden_states["by_dtype"]["fp8"]["bytes_per_token"]
+    fp8 = p.hidden_states["by_dtype"]["float8_e4m3"]["bytes_per_token"]
     assert fp8 == 4 * 4096 + 4 * 4
     # the same model nested in text_config (multimodal wrappers) plans the same
     nested = write_config(tmp_path, "nested", {"architectures": ["Wrapper"], "text_config": LLAMA_31_8B})
@@ -120,7 +122,7 @@ def test_kimi_k2_shaped_matches_the_published_draft(tmp_path):
     # is unknown (config only), so online is not said to fit
     assert p.memory["peak"] < 141e9
     assert not any(x["fits"] for x in p.modes.values()) and p.modes["online"]["fits"] is None
-    assert "--server-memory" in p.recommendation and "fp8 storage (2.87 TB)" in p.recommendation
+    assert "--server-memory-gb" in p.recommendation and "fp8 storage (2.87 TB)" in p.recommendation
     # servers on other GPUs: only online fits
     apart = plan(dataclasses.replace(s, server_memory_gb=0))
     assert [m for m, x in apart.modes.items() if x["fits"]] == ["online"]
@@ -142,8 +144,8 @@ def test_fits_and_recommendation(tmp_path):
     assert "online avoids" not in crowded.recommendation
     # where the server runs is not given: hybrid/online unknown, never silently fitting
     unsaid = plan(PlanSettings(**base, gpu_memory_gb=80, disk_tb=10))
-    assert unsaid.modes["hybrid"]["fits"] is None and "--server-memory" in unsaid.recommendation
-    assert any("--server-memory" in n for n in unsaid.notes)
+    assert unsaid.modes["hybrid"]["fits"] is None and "--server-memory-gb" in unsaid.recommendation
+    assert any("--server-memory-gb" in n for n in unsaid.notes)
     tiny_gpu = plan(PlanSettings(**base, gpu_memory_gb=1, disk_tb=10))
     assert not any(m["fits"] for m in tiny_gpu.modes.values()) and "nothing fits" in tiny_gpu.recommendation
     unknown = plan(PlanSettings(**base))
@@ -203,8 +205,10 @@ def test_errors_name_the_input(tmp_path):
     with pytest.raises(Eagle3InputError, match="lacks num_hidden_layers"):
         plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=1))
     d = write_config(tmp_path, "ok", LLAMA_31_8B)
-    with pytest.raises(Eagle3InputError, match="--dtype"):
+    with pytest.raises(Eagle3InputError, match="--store-dtype"):
         plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=1, dtype="int4"))
+    with pytest.raises(Eagle3InputError, match="samples must be >= 1, got 0"):
+        PlanSettings(verifier=str(d), samples=0, tokens_per_sample=1)
 
 
 def test_cli(tmp_path, capsys):
@@ -220,6 +224,15 @@ def test_cli(tmp_path, capsys):
     assert rc == 0 and "offline" in text and "trainable" in text and "peak" in text
     assert cli_main(["plan", "--verifier", str(tmp_path / "missing"), "--samples", "1",
                      "--tokens-per-sample", "1"]) == 2
+    # the flags are the settings' own, in the training stage's names (the old spellings above are aliases)
+    rc = cli_main(["plan", "--verifier", str(d), "--samples", "10", "--tokens-per-sample", "100", "--ttt-steps", "5",
+                   "--store-dtype", "float8_e4m3", "--nodes", "2", "--gpus-per-node", "4", "--no-checkpoint-loss",
+                   "--json"])
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert rc == 0 and settings["ttt_steps"] == 5 and settings["dtype"] == "float8_e4m3" and settings["gpus"] == 8
+    assert settings["checkpoint_loss"] is False
+    with pytest.raises(SystemExit):
+        cli_main(["plan", "--verifier", str(d), "--samples", "1", "--tokens-per-sample", "1", "--store-dtype", "fp8"])
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -314,7 +327,7 @@ def test_plan_at_the_kimi_users_settings(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     source = write_kimi_mla_draft(tmp_path / "mla")
     base = dict(verifier=str(d), samples=25000, tokens_per_sample=16384, gpus=8, gpu_memory_gb=141, disk_tb=4,
-                dtype="fp8", finetune_from=str(source), ttt_steps=7)
+                dtype="float8_e4m3", finetune_from=str(source), ttt_steps=7)
     p = plan(PlanSettings(**base, draft_vocab=64000))
     # --draft-vocab with --finetune-from is a rebuild at that size, said in the notes
     assert p.draft["draft_vocab_size"] == 64000 and p.draft["architecture"] == "mla"
@@ -324,7 +337,7 @@ def test_plan_at_the_kimi_users_settings(tmp_path):
     assert p.memory["frozen_embedding"] == 163840 * 7168 * 2 and p.memory["verifier_lm_head"] == 163840 * 7168 * 2
     fp32 = plan(PlanSettings(**base, precision="fp32"))
     assert fp32.memory["frozen_embedding"] == 163840 * 7168 * 4
-    from eagle3_train.plan import FROZEN_BYTES
+    from eagle3_train.plan.memory import FROZEN_BYTES
     from eagle3_train.train.precision import verifier_tensor_dtype
 
     assert all(torch.empty((), dtype=verifier_tensor_dtype(p)).element_size() == n for p, n in FROZEN_BYTES.items())
@@ -342,7 +355,7 @@ def test_plan_at_the_kimi_users_settings(tmp_path):
 
 def test_plan_refuses_a_negative_server_share(tmp_path):
     d = write_config(tmp_path, "llama8b", LLAMA_31_8B)
-    with pytest.raises(Eagle3InputError, match="--server-memory must be >= 0"):
+    with pytest.raises(Eagle3InputError, match="server_memory_gb must be >= 0"):
         plan(PlanSettings(verifier=str(d), samples=1, tokens_per_sample=8, server_memory_gb=-1))
 
 

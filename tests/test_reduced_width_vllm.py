@@ -15,7 +15,8 @@ from vllm_helpers import require_vllm
 
 from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.export.exporter import export
-from eagle3_train.serving.vllm_server import VLLMServer, speculative_config
+from eagle3_train.serving.vllm_options import speculative_config
+from eagle3_train.serving.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -13,8 +13,11 @@ from eagle3_train.assets.verifier import hub_allow_patterns, same_verifier, veri
 from eagle3_train.cli import build_parser
 from eagle3_train.pipeline import merged_config
 from eagle3_train.serving import vllm_server
-from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server, server_options, split_vllm_args
-from eagle3_train.settings import MAX_MODEL_LEN, ServeSettings
+from eagle3_train.serving.vllm_checks import check_draft_serves_beside, check_memory_share
+from eagle3_train.serving.vllm_options import server_options, speculative_config, split_vllm_args
+from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
+from eagle3_train.settings import ServeSettings
+from eagle3_train.settings.common import MAX_MODEL_LEN
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import settings_from_args
 
@@ -186,7 +189,7 @@ def test_serve_refuses_a_draft_made_for_another_verifier_before_vllm_starts(ref,
     same = tmp_path / "smol"
     same.mkdir()
     (same / "config.json").write_text(json.dumps(SMOL))
-    vllm_server.check_draft_serves_beside(draft, same)  # the verifier it was made for: no complaint
+    check_draft_serves_beside(draft, same)  # the verifier it was made for: no complaint
 
 
 def test_a_memory_share_that_cannot_hold_the_weights_is_refused_before_vllm_starts(tmp_path):
@@ -199,8 +202,8 @@ def test_a_memory_share_that_cannot_hold_the_weights_is_refused_before_vllm_star
     gpu = 96 * 10**9
     command = ["vllm", "--model", str(d), "--gpu-memory-utilization", "0.3", "--tensor-parallel-size", "8"]
     with pytest.raises(Eagle3InputError, match=r"weights need 69.3 GiB per GPU .* --gpu-memory-utilization 0\.9"):
-        vllm_server.check_memory_share(d, command, gpu_bytes=gpu)
-    vllm_server.check_memory_share(d, [*command[:-4], "--gpu-memory-utilization=0.9", "-tp", "8"], gpu_bytes=gpu)
+        check_memory_share(d, command, gpu_bytes=gpu)
+    check_memory_share(d, [*command[:-4], "--gpu-memory-utilization=0.9", "-tp", "8"], gpu_bytes=gpu)
 
 
 def test_float16_beside_a_deepseek_verifier_with_a_draft_is_refused(tmp_path):
@@ -210,7 +213,7 @@ def test_float16_beside_a_deepseek_verifier_with_a_draft_is_refused(tmp_path):
     draft = tmp_path / "d"
     draft.mkdir()
     (draft / "config.json").write_text("{}")
-    spec = vllm_server.speculative_config(draft)
+    spec = speculative_config(draft)
     with pytest.raises(Eagle3InputError, match="routed_scaling_factor 2.5 in float16"):
         VLLMServer(verifier, speculative=spec, dtype="float16")
     VLLMServer(verifier, speculative=spec, dtype="bfloat16")  # the dtype it is served in

@@ -19,8 +19,8 @@ from eagle3_train import __version__, settings
 from eagle3_train.cli import STAGES, build_parser
 from eagle3_train.cli import main as cli_main
 from eagle3_train.pipeline import Pipeline, merged_config
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.cli import config_from_args
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import build_settings, defaults, yaml_keys
 
@@ -255,7 +255,7 @@ def test_settings_out_of_range_stop_before_anything_runs(argv, message, capsys, 
 
 
 def test_the_python_api_checks_the_same_ranges():
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
 
     with pytest.raises(Eagle3InputError, match=r"train.step_decay must be \(0, 1\], got -1"):
         TrainConfig(step_decay=-1)

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 from stage_helpers import train_config
 
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.build import build_model
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.objective import Objective

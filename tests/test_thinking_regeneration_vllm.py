@@ -20,7 +20,7 @@ import pytest
 from families import ANSWER, LOOKUP, NEW_CALL, THOUGHT, TOOL_THOUGHT, build_simulated_kimi, teach_thinking
 from vllm_helpers import draft_beside_mla, require_vllm
 
-from eagle3_train.assets.conversations import REGENERATED, TOKEN_IDS
+from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
 from eagle3_train.assets.tokenizer import load_tokenizer
 from eagle3_train.data.prepare import load_prepared, prepare
 from eagle3_train.evaluate.offline import evaluate_offline
@@ -28,10 +28,10 @@ from eagle3_train.evaluate.pipeline_eval import served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.evaluate.report import format_table
 from eagle3_train.export.exporter import export
-from eagle3_train.generate.regenerate import recover_jsonl
+from eagle3_train.generate.journal import recover_jsonl
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import VLLMServer
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 

@@ -9,12 +9,8 @@ import pytest
 from kimi_tokenizer import CHAT_TEMPLATE as KIMI_TEMPLATE
 
 from eagle3_train.assets.thinking import GENERIC, STYLES, markdown_table, resolve_style
-from eagle3_train.generate.regenerate import (
-    DEFAULT_MAX_TOKENS,
-    THINKING_MAX_TOKENS,
-    default_max_tokens,
-    split_inline_reasoning,
-)
+from eagle3_train.generate.conversation import split_inline_reasoning
+from eagle3_train.generate.run_settings import DEFAULT_MAX_TOKENS, THINKING_MAX_TOKENS, default_max_tokens
 
 QWEN3_LIKE = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}"
 GPT_OSS_LIKE = "{%- if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}{% endif %}"
@@ -91,7 +87,7 @@ def test_a_server_started_for_conversations_with_tools_gets_the_familys_tool_par
     """generate starts vLLM with the style's tool-call parser when (and only when) the conversations offer tools."""
     import json
 
-    from eagle3_train.generate.regenerate import tool_server_args
+    from eagle3_train.generate.conversation import tool_server_args
 
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},

@@ -27,14 +27,16 @@ from vllm_helpers import attention_draft_beside_mla_served, draft_beside_mla, re
 from eagle3_train import cli
 from eagle3_train.assets.families import family_of
 from eagle3_train.data.prepare import prepare
-from eagle3_train.evaluate.offline import evaluate_offline, render_prompt
+from eagle3_train.evaluate.chat_render import render_prompt
+from eagle3_train.evaluate.offline import evaluate_offline
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.hidden_states.store import HiddenStatesReader
 from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_decode_counters
-from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server, speculative_config
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.serving.vllm_options import speculative_config
+from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.vocab.build import build_vocab

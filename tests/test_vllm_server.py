@@ -12,17 +12,18 @@ from vllm_helpers import require_vllm, shared_server, write_random_eagle3_draft
 
 from eagle3_train.serving import vllm_server as vs
 from eagle3_train.serving.metrics import counter_total, parse_prometheus, spec_decode_counters
+from eagle3_train.serving.vllm_options import speculative_config
 from eagle3_train.utils.io import Eagle3InputError
 
 
 def test_speculative_config_and_command(tmp_path):
     draft = write_random_eagle3_draft(tmp_path / "draft", draft_vocab=256)
-    spec = vs.speculative_config(draft, k=2)
+    spec = speculative_config(draft, k=2)
     assert spec == {"method": "eagle3", "model": str(draft.resolve()), "num_speculative_tokens": 2}
     with pytest.raises(Eagle3InputError, match="no config.json"):
-        vs.speculative_config(tmp_path, 3)
+        speculative_config(tmp_path, 3)
     with pytest.raises(Eagle3InputError, match=">= 1"):
-        vs.speculative_config(draft, 0)
+        speculative_config(draft, 0)
 
     server = vs.VLLMServer("/models/x", port=1234, served_model_name="x", speculative=spec, enforce_eager=True,
                            python=sys.executable, device="cpu")
@@ -165,7 +166,7 @@ def test_a_block_size_refusal_names_the_side_that_is_mla(tmp_path):
     said = {}
     for name, (verifier, draft) in {"llama-beside-mla": (mla, plain), "mla-beside-llama": (plain, mla),
                                     "mla-beside-mla": (mla, mla)}.items():
-        server = vs.VLLMServer(verifier, speculative=vs.speculative_config(draft), log_path=log)
+        server = vs.VLLMServer(verifier, speculative=speculative_config(draft), log_path=log)
         said[name] = server._known_refusal()
     assert "draft with ordinary attention beside an MLA verifier" in said["llama-beside-mla"]
     assert "MLA draft beside a verifier with ordinary attention" in said["mla-beside-llama"]

@@ -23,7 +23,7 @@ from eagle3_train.evaluate.pipeline_eval import served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
 from eagle3_train.hidden_states.extract import extract
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 

@@ -102,7 +102,7 @@ def shared_server(kind: str, tmp_root: Path) -> VLLMServer:
     if kind in _SERVERS and _SERVERS[kind].running():
         return _SERVERS[kind]
     from eagle3_train.assets.verifier import resolve_verifier
-    from eagle3_train.serving.vllm_server import speculative_config
+    from eagle3_train.serving.vllm_options import speculative_config
 
     verifier = resolve_verifier("smollm2-135m-instruct")
     spec = None

@@ -203,7 +203,7 @@ class Pipeline:
     def dry_run(self) -> dict[str, Any]:
         """Validate the config and print the plan: which stages are done and which would run (and why); when
         prepare, vocab and extract have outputs, run `train --dry-run` on them (nothing else is written)."""
-        from eagle3_train.train.config import TrainConfig
+        from eagle3_train.settings.train import TrainConfig
         from eagle3_train.train.dry_run import dry_run, format_report
 
         ctx = self._context(need="tokenizer")  # a hub verifier's weights are not downloaded to check a config
@@ -300,7 +300,7 @@ def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str
     rank plus the server's share of the weights must fit one GPU (`gpu_bytes`; default: this machine's first GPU),
     else the run is refused before it starts (595 GB of Kimi-K2.5 over 8 GPUs is 74 GB each, beside training)."""
     from eagle3_train.plan import PlanSettings, plan
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
 
     if gpu_bytes is None:
         import torch
@@ -586,7 +586,7 @@ def train_under_torchrun(cfg, processes: int, launch_file: Path) -> dict[str, An
 
 
 def _train_run(ctx: RunContext, _v: str | None) -> Any:
-    from eagle3_train.train.config import TrainConfig
+    from eagle3_train.settings.train import TrainConfig
     from eagle3_train.train.metadata import OUTPUT, WRITES, written_by_train
     from eagle3_train.train.trainer import train
 

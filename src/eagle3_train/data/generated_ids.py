@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_train.assets.conversations import TOKEN_IDS
+from eagle3_train.assets.conversation_records import TOKEN_IDS
 from eagle3_train.data.chat_mask import UNSUPERVISED, supervised_runs
 
 _EXAMPLES = 5

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from eagle3_train.assets.conversations import REGENERATED, load_conversations, normalize_turns
+from eagle3_train.assets.conversation_records import REGENERATED, normalize_turns
+from eagle3_train.assets.conversations import load_conversations
 from eagle3_train.assets.tokenizer import check_same_tokens, converted_from, load_tokenizer, tokenizer_digest
 from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.data.chat_mask import UNSUPERVISED, ChatMasker, ChatTemplateError, format_masked

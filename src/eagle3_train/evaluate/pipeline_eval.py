@@ -13,7 +13,8 @@ from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.evaluate.served import acceptance_of, add_temperatures, evaluate_served, greedy_identical
-from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
+from eagle3_train.serving.vllm_options import speculative_config
+from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
 

@@ -270,7 +270,8 @@ def _run_served(s: ServedEvalSettings) -> dict[str, Any]:
                 raise Eagle3InputError("served evaluation needs --endpoint URL (a running server with the draft) "
                                        "or --draft DIR (a server is started for --verifier)")
             from eagle3_train.assets.verifier import resolve_verifier
-            from eagle3_train.serving.vllm_server import VLLMServer, speculative_config, vllm_available
+            from eagle3_train.serving.vllm_options import speculative_config
+            from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
             ok, msg = vllm_available()
             if not ok:

@@ -25,8 +25,8 @@ from eagle3_train.checkpoints.layouts import (
     speculators_config_json,
 )
 from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_metadata, resolve_checkpoint
-from eagle3_train.export.engines import ENGINES, check_target, engine_support
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.engines import ENGINES, check_target, engine_support
 from eagle3_train.settings import ExportFormat, ExportSettings
 from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, sha256_file, write_json
 from eagle3_train.utils.outputs import atomic_dir, claim_output_dir, holds_files

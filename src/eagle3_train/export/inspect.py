@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from eagle3_train.checkpoints.formats import AmbiguousAuxIds, load_draft_source, source_summary
-from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.model.config import describe_mla
+from eagle3_train.model.engines import engine_support, format_support
 from eagle3_train.utils.io import sha256_file
 
 MAX_DEPTH = 100  # a lineage longer than this is a cycle in hand-edited metadata

@@ -47,7 +47,9 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
                                 ) -> dict[str, Any]:
     """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
     regenerate the assistant turns of `source` into `out_dir`."""
-    from eagle3_train.generate.regenerate import SERVER_LOG, claim_generate_output, regenerate, tool_server_args
+    from eagle3_train.generate.conversation import tool_server_args
+    from eagle3_train.generate.regenerate import regenerate
+    from eagle3_train.generate.resume import SERVER_LOG, claim_generate_output
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 
     ok, message = vllm_available()

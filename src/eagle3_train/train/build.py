@@ -10,7 +10,7 @@ import torch
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
 

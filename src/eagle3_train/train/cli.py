@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.dry_run import dry_run, format_report
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.config import load_yaml

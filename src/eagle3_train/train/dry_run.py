@@ -24,12 +24,12 @@ import torch
 
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
-from eagle3_train.export.engines import engine_support, format_support
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
+from eagle3_train.model.engines import engine_support, format_support
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.batching import plan_batches
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import TrainingSamples
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, written_by_train

@@ -18,7 +18,7 @@ from typing import get_args
 
 import torch
 
-from eagle3_train.train.config import Loss
+from eagle3_train.settings.train import Loss
 from eagle3_train.utils.io import Eagle3InputError
 
 LOSSES = get_args(Loss)

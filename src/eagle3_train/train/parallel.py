@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.train.config import auto_parallel
+from eagle3_train.settings.train import auto_parallel
 from eagle3_train.train.objective import Objective
 from eagle3_train.train.ttt import ttt_forward
 from eagle3_train.utils.distributed import DistInfo, broadcast_parameters

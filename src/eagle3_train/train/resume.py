@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.checkpoints import native as ckpt
-from eagle3_train.train.config import TrainConfig
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
 

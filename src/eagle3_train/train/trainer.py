@@ -21,9 +21,9 @@ from eagle3_train.assets.verifier import Verifier
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.model.ttt_attention import select_kernel
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
+from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
-from eagle3_train.train.config import TrainConfig
 from eagle3_train.train.data import Batch, TrainingSamples, open_samples, open_validation
 from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs

@@ -3,7 +3,8 @@
 Each dataclass is a YAML section of `eagle3-train run` (fields with `yaml=False` are paths the pipeline fills in),
 the flags of the stage's command (`utils.settings.add_settings_arguments`), and the keyword defaults of the stage's
 Python function. docs/CONFIG.md is generated from here (`python -m eagle3_train.settings --markdown`).
-`train`'s settings live in `train/config.py` (TrainConfig); this module imports nothing heavy.
+`train`'s settings are `settings/train.py` (TrainConfig), `plan`'s `settings/plan.py` (PlanSettings); the package
+imports nothing heavy and no stage, so every stage and the orchestrators may read it.
 """
 
 from __future__ import annotations
@@ -15,34 +16,31 @@ from typing import ClassVar, Literal
 
 from eagle3_train.assets.thinking import ThinkingStyleName
 from eagle3_train.assets.verifier import DEFAULT_VERIFIER
-from eagle3_train.train.config import AUX_CONVENTION_HELP, HS_DIR_HELP, AuxConvention, TrainConfig
+from eagle3_train.settings.common import (
+    CONCURRENCY,
+    CONTEXT_HELP,
+    EXTRACT_GPU_MEMORY_UTILIZATION,
+    K_FLAGS,
+    MAX_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    SERVER_EAGER_HELP,
+    TRUST_HELP,
+    VERIFIER_HELP,
+    VLLM_ARGS_HELP,
+    Dtype,
+    Engine,
+    ExportFormat,
+    ExtractBackend,
+    Overflow,
+    Reasoning,
+    ReasoningPlacement,
+    ServerDtype,
+    StoreDtype,
+)
+from eagle3_train.settings.plan import PlanSettings
+from eagle3_train.settings.train import AUX_CONVENTION_HELP, HS_DIR_HELP, AuxConvention, TrainConfig
 from eagle3_train.utils.outputs import STAGES as OUTPUT_STAGES
 from eagle3_train.utils.settings import markdown_table, setting
-
-Dtype = Literal["bfloat16", "float16", "float32"]
-StoreDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]  # float8_e4m3: hidden_states/fp8.py
-ServerDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: float32 on CPU, bfloat16 on CUDA
-Overflow = Literal["truncate", "drop"]
-Reasoning = Literal["keep", "strip", "disable"]
-ReasoningPlacement = Literal["auto", "template", "inline", "drop"]  # see data/reasoning.py
-ExportFormat = Literal["eagle", "speculators"]
-Engine = Literal["vllm", "sglang"]  # serving engines a draft is checked against (export/engines.py)
-ExtractBackend = Literal["hf", "vllm"]  # where hidden states come from (hidden_states/extract.py)
-
-# Shared by several stages (one value, written once).
-MAX_MODEL_LEN = 2048  # context of the vLLM servers this package starts on CPU (on CUDA: the model's own)
-NUM_SPECULATIVE_TOKENS = 3  # draft tokens per speculation round (k)
-MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
-CONCURRENCY = 8  # requests in flight against a server
-EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
-VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
-TRUST_HELP = "run code the verifier ships (e.g. Kimi's tokenizer/config classes); off by default, recorded"
-VLLM_ARGS_HELP = ("extra vLLM server flags, passed through as given (e.g. --vllm-arg=--tensor-parallel-size=8 "
-                  "or, in YAML, ['--tensor-parallel-size', '8']); each item is split like a shell would; a flag "
-                  "given here replaces the one this tool would set")
-SERVER_EAGER_HELP = "skip torch.compile/CUDA graphs: faster start, slower decode (auto: "
-CONTEXT_HELP = "context length of the vLLM servers started here (default: 2048 on CPU, the model's own on CUDA)"
-K_FLAGS = {"flag": "-k", "aliases": ("--num-speculative-tokens", "--speculative-tokens")}
 
 
 @dataclass
@@ -405,11 +403,12 @@ SECTIONS: dict[str, type] = {
 SHARED_SECTIONS: dict[str, type] = {"serving": ServingSettings}
 # Settings of commands that are no pipeline section.
 COMMANDS: dict[str, type] = {"evaluate offline": OfflineEvalSettings, "evaluate served": ServedEvalSettings,
-                             "serve": ServeSettings, "adopt": AdoptSettings, "launch": LaunchSettings}
+                             "serve": ServeSettings, "adopt": AdoptSettings, "launch": LaunchSettings,
+                             "plan": PlanSettings}
 
 _INTRO = """# Configuration reference
 
-Generated from the settings dataclasses (`src/eagle3_train/settings.py`, `src/eagle3_train/train/config.py`) by
+Generated from the settings dataclasses (`src/eagle3_train/settings/`) by
 `python -m eagle3_train.settings --markdown > docs/CONFIG.md`; a test keeps it up to date. Do not edit by hand.
 
 One dataclass per stage is the YAML section of `eagle3-train run --config FILE`, the flags of
@@ -449,11 +448,3 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(text, end="")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

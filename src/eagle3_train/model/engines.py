@@ -10,7 +10,7 @@ the whole verifier vocabulary has no d2t in its export (vLLM 0.32 fails to load 
 `export/exporter.full_vocabulary_layout`).
 
 SGLang: not served here; `SGLANG_LOADERS` lists, per EAGLE-3 loader of the release read (its source, not run), what
-it applies of a draft's options; `python -m eagle3_train.export.engines --markdown` prints the table
+it applies of a draft's options; `python -m eagle3_train.model.engines --markdown` prints the table
 (docs/VERIFIER_FAMILIES.md).
 """
 
