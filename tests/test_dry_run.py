@@ -313,7 +313,8 @@ def test_the_kimi_config_passes_its_dry_run_on_header_only_stand_ins(kimi, tmp_p
 def test_an_online_run_whose_server_cannot_sit_beside_training_is_refused(kimi, tmp_path):
     """`run --dry-run` of an online run that serves the verifier itself: the server's share of the weights (from
     the index) and the trainer's planned peak must fit one GPU; 595 GB over 8 x 96 GB GPUs beside training do not."""
-    from eagle3_train.pipeline import Pipeline, served_beside_training
+    from eagle3_train.pipeline import Pipeline
+    from eagle3_train.pipeline.stages import served_beside_training
 
     _, verifier, _ = kimi
     heavy = tmp_path / "Kimi-K2.5"

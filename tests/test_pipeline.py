@@ -177,7 +177,7 @@ def test_a_verifier_too_shallow_for_three_taps_is_named(tmp_path, tiny_llama_dir
 def test_extract_and_train_run_as_processes_under_torchrun(tmp_path, tiny_llama_dir):
     """`train_processes: N` launches the HF extract stage and the train stage as `torchrun --standalone
     --nproc-per-node N` (here two CPU processes, gloo): one store written by both, a run with world size N."""
-    from eagle3_train.pipeline import train_processes
+    from eagle3_train.pipeline.torchrun import train_processes
 
     assert train_processes("auto") == 1 and train_processes(2) == 2  # no CUDA here
     run = tmp_path / "run"

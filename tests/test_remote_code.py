@@ -60,7 +60,7 @@ def test_train_and_serve_take_the_flag(tmp_path):
 
 def test_pipeline_accepts_the_yaml_key(tmp_path, capsys):
     from eagle3_train.cli import main
-    from eagle3_train.pipeline import merged_config
+    from eagle3_train.pipeline.config import merged_config
 
     assert merged_config({})["trust_remote_code"] is False
     config = tmp_path / "run.yaml"

@@ -11,7 +11,7 @@ import pytest
 
 from eagle3_train.assets.verifier import hub_allow_patterns, same_verifier, verifier_identity
 from eagle3_train.cli import build_parser
-from eagle3_train.pipeline import merged_config
+from eagle3_train.pipeline.config import merged_config
 from eagle3_train.serving import vllm_server
 from eagle3_train.serving.vllm_checks import check_draft_serves_beside, check_memory_share
 from eagle3_train.serving.vllm_options import server_options, speculative_config, split_vllm_args

@@ -18,7 +18,8 @@ import yaml
 from eagle3_train import __version__, settings
 from eagle3_train.cli import STAGES, build_parser
 from eagle3_train.cli import main as cli_main
-from eagle3_train.pipeline import Pipeline, merged_config
+from eagle3_train.pipeline import Pipeline
+from eagle3_train.pipeline.config import merged_config
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.cli import config_from_args
 from eagle3_train.utils.io import Eagle3InputError
