@@ -22,6 +22,7 @@ from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.model.ttt_attention import select_kernel
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.settings.train import TrainConfig
+from eagle3_train.train import checkpointing
 from eagle3_train.train.batching import plan_batches
 from eagle3_train.train.build import build_model, init_record
 from eagle3_train.train.data import Batch, TrainingSamples, open_samples, open_validation
@@ -32,14 +33,13 @@ from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, timing_r
 from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
-from eagle3_train.train.parallel import OPTIMIZER_DIR, TTTModule, choose_engine, make_engine
+from eagle3_train.train.parallel import TTTModule, choose_engine, make_engine
 from eagle3_train.train.precision import autocast, resolve_precision, verifier_tensor_dtype
 from eagle3_train.train.prefetch import Prefetcher
-from eagle3_train.train.resume import check_resumable, grad_accum_to_resume
+from eagle3_train.train.resume import grad_accum_to_resume
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import StepSums, supervised_counts
 from eagle3_train.utils.distributed import (
-    all_gather_object,
     all_reduce_sum_,
     barrier,
     destroy,
@@ -168,75 +168,6 @@ class Trainer:
         ahead but not trained is not counted: a resume fetches it again)."""
         return self.skipped_before + self.skipped_now
 
-
-    def training_state(self, rng_ranks: list[Any]) -> dict[str, Any]:
-        """What a resume needs besides the weights and the optimizer states (`optimizer/`): progress, the
-        schedules, every rank's RNG (`rng`: rank 0's, as before there were ranks' own)."""
-        return {**self.optimizer.scheduler_state_dict(),
-                "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "tokens_seen": self.tokens_seen, "best": self.best, "rng": rng_ranks[0], "rng_ranks": rng_ranks,
-                "last_val": self.last_val, "last_train": self.last_train, "started": self.started,
-                "skipped_samples": self.skipped_samples(), "validated_step": self.validated_step,
-                "metrics_lines": self.metrics.lines}
-
-    def save(self, reason: str) -> None:
-        """A resumable checkpoint; every rank takes part (weights gathered, optimizer shards written by each)."""
-        weights = self.engine.full_state_dict()
-        optim = self.engine.optimizer_state_dict(self.optimizer.optimizers)
-        rng_ranks = all_gather_object(ckpt.rng_state(), self.info)
-        if self.info.is_main:
-            d = ckpt.save_checkpoint(self.out / "checkpoints" / f"step-{self.step:07d}", self.model,
-                                     self.training_state(rng_ranks), self.metadata("running"), weights=weights,
-                                     shards=lambda tmp: self.engine.save_optimizer(tmp, optim))
-            ckpt.mark_latest(self.out, d)
-            ckpt.prune(self.out, self.cfg.keep_last)
-            log.info("saved %s (%s)", d, reason)
-        else:
-            self.engine.save_optimizer(None, optim)
-        barrier(self.info)
-        self.last_save = time.monotonic()
-
-    def checkpoint_due(self) -> bool:
-        """checkpoint_every_minutes passed since the last save (on any rank: all ranks must save together)."""
-        minutes = self.cfg.checkpoint_every_minutes
-        if not minutes or minutes <= 0:
-            return False
-        due = torch.tensor([float(time.monotonic() - self.last_save >= 60.0 * minutes)], dtype=torch.float64)
-        all_reduce_sum_(due, self.info)
-        return bool(due.item() > 0)
-
-    def resume(self) -> bool:
-        latest = ckpt.latest_checkpoint(self.out)
-        if latest is None:
-            return False
-        prev = check_resumable(self.cfg, self.inputs, latest, self.info.world_size)
-        state = ckpt.load_training_state(latest / ckpt.STATE)
-        src = ckpt.load_draft(latest, embed=self.inputs.embed)
-        if src.config.to_dict() != self.model.config.to_dict():
-            raise Eagle3InputError(f"cannot resume from {latest}: its draft config differs from this run's settings")
-        self.engine.load_full_state_dict(src.trainable_state_dict())
-        if (latest / OPTIMIZER_DIR).is_dir():
-            self.engine.load_optimizer(latest, self.optimizer.optimizers)
-            self.optimizer.load_scheduler_state_dict(state, str(latest))
-        elif self.engine.sharded:
-            raise Eagle3InputError(f"cannot resume {latest} under train.parallel fsdp: it was written before "
-                                   f"optimizer states were sharded ({OPTIMIZER_DIR}/ missing); resume it with "
-                                   f"train.parallel ddp")
-        else:
-            self.optimizer.load_state_dict(state, str(latest))
-        for k in ("step", "epoch", "batch_in_epoch", "tokens_seen", "best", "last_val", "last_train", "started"):
-            setattr(self, k, state[k])
-        ranks = state.get("rng_ranks") or [state["rng"]]
-        if len(ranks) != self.info.world_size:
-            log.warning("resumed on %d processes from a run of %d: ranks without a saved RNG state take rank 0's "
-                        "(only train.noise draws from it)", self.info.world_size, len(ranks))
-        ckpt.set_rng_state(ranks[self.info.rank] if self.info.rank < len(ranks) else ranks[0])
-        self.skipped_before = int(state.get("skipped_samples", 0))
-        self.validated_step = int(state.get("validated_step", -1))
-        self.init_record = prev.get("init", self.init_record)
-        self.metrics.keep_until(self.step, state.get("metrics_lines"))
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, self.step, self.epoch, self.batch_in_epoch)
-        return True
 
     def log_metrics(self, split: str, values: dict[str, float]) -> None:
         self.metrics.write(split, values, step=self.step, epoch=self.epoch, tokens_seen=self.tokens_seen)
@@ -396,7 +327,7 @@ class Trainer:
         cfg = self.cfg
         barrier(self.info)
         if cfg.resume:
-            if not self.resume():
+            if not checkpointing.resume(self):
                 log.info("--resume: no checkpoint in %s, starting fresh", self.out)
         elif ckpt.latest_checkpoint(self.out) is not None:
             if not cfg.overwrite:
@@ -431,7 +362,7 @@ class Trainer:
                 self.timing["fetch_wait_s"] += feed.wait_s
                 feed.close()
             if self._close_finished_epoch(usable) and self.step < self.total_steps:
-                self.save("end of epoch")
+                checkpointing.save(self, "end of epoch")
         if self.batch_in_epoch:  # resumed from a periodic checkpoint of the run's last step: the loop did not run
             self._close_finished_epoch(self._usable_batches())
         bar.close()
@@ -478,9 +409,9 @@ class Trainer:
         if self.step % eval_every == 0 and self.step < self.total_steps:
             self._validate()
         if cfg.save_every and self.step % cfg.save_every == 0:
-            self.save("periodic")
-        elif self.step < stop_at and self.checkpoint_due():
-            self.save(f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
+            checkpointing.save(self, "periodic")
+        elif self.step < stop_at and checkpointing.checkpoint_due(self):
+            checkpointing.save(self, f"{cfg.checkpoint_every_minutes:g} min since the last checkpoint")
         return window
 
     def _finish(self, t0: float, tok0: int) -> dict[str, Any]:
@@ -496,7 +427,7 @@ class Trainer:
         # A run killed after its last checkpoint but before final/ resumes here with that step validated and logged.
         if not stopped and self.validated_step != self.step:
             self._validate()
-        self.save("stop_after" if stopped else "end of training")
+        checkpointing.save(self, "stop_after" if stopped else "end of training")
         train_rate = 0.0 if stopped else (self.tokens_seen - tok0) / max(1e-9, time.time() - t0)
         result = {"out": str(self.out), "step": self.step, "train": self.last_train, "validation": self.last_val,
                   "best": self.best, "tokens_per_s": train_rate, "skipped_samples": self.skipped_samples(),
