@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.utils.io import Eagle3InputError, sha256_file, sha256_json, write_errors_as_os_errors, write_json
 from eagle3_train.utils.outputs import atomic_dir, has_file
 from eagle3_train.utils.paths import cache_dir
@@ -289,7 +290,7 @@ class Verifier:
 
     @property
     def text_config(self) -> dict[str, Any]:
-        return self.config.get("text_config") or self.config
+        return text_config(self.config)
 
     def identity(self, hash_weights: bool = False) -> dict[str, Any]:
         """`{"name": ..., **verifier_identity(path)}`, computed once per object (hashing weights reads every byte)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -19,7 +20,7 @@ _OTHER = "A draft only works with the verifier whose hidden states and vocabular
 
 def verifier_dims(config: Mapping[str, Any]) -> tuple[int, int, int]:
     """(hidden_size, vocab_size, num_hidden_layers) of a verifier's config.json (its text config if nested)."""
-    c = config.get("text_config") or config
+    c = text_config(config)
     return int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
 
 

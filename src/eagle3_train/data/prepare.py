@@ -30,6 +30,7 @@ import numpy as np
 
 from eagle3_train.assets.conversation_records import REGENERATED, normalize_turns
 from eagle3_train.assets.conversations import load_conversations
+from eagle3_train.assets.families import text_config
 from eagle3_train.assets.tokenizer import check_same_tokens, converted_from, load_tokenizer, tokenizer_digest
 from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.data.chat_mask import UNSUPERVISED, ChatMasker, ChatTemplateError, format_masked
@@ -61,7 +62,7 @@ _SHARD_BYTES = 256 << 20  # ~5 bytes per token (int32 id + int8 mask)
 def verifier_vocab_size(verifier_dir: Path) -> int:
     """The verifier's output vocabulary size (config `vocab_size`, or that of its text config)."""
     config = read_json(verifier_dir / "config.json", "verifier config")
-    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    size = config.get("vocab_size") or text_config(config).get("vocab_size")
     if not isinstance(size, int) or size <= 0:
         raise Eagle3InputError(f"{verifier_dir / 'config.json'} has no positive integer 'vocab_size'")
     return size

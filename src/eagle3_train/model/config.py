@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.model.aux_layers import check_layer_order, default_layer_ids
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -105,7 +106,7 @@ class DraftConfig:
                       **overrides: Any) -> DraftConfig:
         """Build the draft config from a verifier's HF config.json dict; without `aux_layer_ids`, on the layers
         extract taps by default (`verifier_name` names the verifier if it has too few layers for them)."""
-        c = verifier_config.get("text_config", verifier_config)  # multimodal wrappers keep the LM in text_config
+        c = text_config(verifier_config)  # multimodal wrappers keep the LM in text_config
         H, heads = c["hidden_size"], c["num_attention_heads"]
         L = c["num_hidden_layers"]
         width = _width(c, overrides.pop("hidden_size", None), overrides.get("architecture"))

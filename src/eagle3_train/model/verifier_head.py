@@ -91,7 +91,7 @@ def load_verifier_head(verifier_dir: str | Path, dtype: torch.dtype = torch.floa
     if embed is None:
         raise Eagle3InputError(f"verifier {verifier_dir}: no embedding tensor (looked for {', '.join(_EMBED_KEYS)})")
     head = load_tensor(loc, _HEAD_KEYS)
-    tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False))
+    tied = config.get("tie_word_embeddings", text_config(config).get("tie_word_embeddings", False))
     if head is None:
         if not tied:
             raise Eagle3InputError(f"verifier {verifier_dir}: no lm_head.weight and tie_word_embeddings is false")
@@ -129,7 +129,7 @@ def verifier_head_shapes(verifier_dir: str | Path, dtype: torch.dtype = torch.bf
     config.json when the directory has no weights (origin says which; no tensor data is read)."""
     verifier_dir = Path(verifier_dir)
     config = json.loads((verifier_dir / "config.json").read_text())
-    c = config.get("text_config", config)
+    c = text_config(config)
     V, H = int(c["vocab_size"]), int(c["hidden_size"])
     try:
         loc = tensor_locations(verifier_dir)
@@ -171,7 +171,7 @@ def _text_config(verifier_dir: Path, raw: dict) -> tuple[dict, str]:
         return cfg.to_dict(), str(getattr(cfg, "model_type", ""))
     except Exception as e:  # noqa: BLE001 - unknown model types: fall back to the file itself
         log.debug("AutoConfig could not read %s (%s); using config.json as written", verifier_dir, e)
-        text = raw.get("text_config") or raw
+        text = text_config(raw)
         return text, str(text.get("model_type") or raw.get("model_type") or "")
 
 

@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.model.config import MLA_DIMS
 from eagle3_train.plan.memory import (
     DEFAULT_DRAFT_VOCAB,
@@ -69,7 +70,7 @@ def _from_source(s: PlanSettings, num_layers: int) -> tuple[PlanSettings, int]:
 def plan(s: PlanSettings) -> Plan:
     _check(s)
     vcfg, cfg_path = read_verifier_config(s.verifier)
-    text = vcfg.get("text_config", vcfg)
+    text = text_config(vcfg)
     source_vocab = None
     if s.finetune_from:
         s, source_vocab = _from_source(s, int(text["num_hidden_layers"]))

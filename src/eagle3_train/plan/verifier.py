@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.settings.plan import PlanSettings
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -31,7 +32,7 @@ def read_verifier_config(path: str | Path) -> tuple[dict[str, Any], Path]:
         config = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise Eagle3InputError(f"plan: {cfg_path} is not valid JSON: {e}") from None
-    text = config.get("text_config", config)
+    text = text_config(config)
     missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
                            "intermediate_size") if k not in text]
     if missing:

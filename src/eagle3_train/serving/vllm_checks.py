@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.serving.vllm_options import option, option_value
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -43,7 +44,7 @@ def check_draft_dtype(config: dict[str, Any], dtype: str, speculative: dict[str,
     """vLLM's DeepSeek-V2/V3 layers (Kimi's too) divide the residual stream by routed_scaling_factor in float16 (an
     overflow guard), so the aux states an EAGLE draft reads beside such a verifier are off by that factor from the
     ones it was trained on: refused, rather than served with an acceptance that says nothing about the draft."""
-    text = config.get("text_config") or config
+    text = text_config(config)
     scale = float(text.get("routed_scaling_factor") or 1.0)
     method = (speculative or {}).get("method", "")
     if dtype == "float16" and scale != 1.0 and method and method != "extract_hidden_states":

@@ -97,12 +97,12 @@ def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
 def hidden_states_layer_ids(verifier_dir: str | os.PathLike, aux_layer_ids: Any = None) -> list[int]:
     """The layers a hidden-state server captures: the three aux ids (default 2, L//2, L-3) and L, the last layer's
     output before the final norm (`extract` applies the norm itself)."""
-    from eagle3_train.assets.families import family_of
+    from eagle3_train.assets.families import family_of, text_config
     from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
     from eagle3_train.utils.io import read_json
 
     config = read_json(Path(verifier_dir) / "config.json", "verifier config")
-    num_layers = int(config.get("text_config", config)["num_hidden_layers"])
+    num_layers = int(text_config(config)["num_hidden_layers"])
     first = family_of(config).first_aux_layer
     return [*validate_layer_ids(parse_layer_ids(aux_layer_ids), num_layers, f"verifier {verifier_dir}", first),
             num_layers]

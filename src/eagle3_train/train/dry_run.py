@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
 from eagle3_train.model.architectures import architecture_of
@@ -365,7 +366,7 @@ def dry_run(cfg: TrainConfig, world_size: int = 1, precision: str | None = None)
     precision = precision or (cfg.precision if cfg.precision != "auto" else "bf16")
     inputs = resolve_inputs(cfg, head_shapes_only=True)
     _, _, vcfg, head_origin = verifier_head_shapes(inputs.verifier.path)
-    c = vcfg.get("text_config", vcfg)
+    c = text_config(vcfg)
     H, V, L = int(c["hidden_size"]), int(c["vocab_size"]), int(c["num_hidden_layers"])
     checked.append(f"verifier {inputs.verifier.name}: config ({vcfg.get('architectures')}, {L} layers, hidden {H}, "
                    f"vocab {V}), identity against the hidden-states manifest (config hash, weight-file sizes), "
