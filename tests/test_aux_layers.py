@@ -133,11 +133,10 @@ def test_layer_0_of_a_deepseek_verifier_is_refused_where_vllm_could_never_serve_
     accepting it for a Llama."""
     import json
 
-    from families import _config
-
     from eagle3_train.assets.families import family_of
     from eagle3_train.model.aux_layers import validate_layer_ids
     from eagle3_train.serving.vllm_server import hidden_states_layer_ids
+    from eagle3_train.testing.tiny_verifiers import _config
     from eagle3_train.utils.io import Eagle3InputError
 
     config = _config("deepseek_v3").to_dict()

@@ -1,4 +1,4 @@
-"""A Kimi-style verifier tokenizer (remote-code tiktoken, no tokenizer.json; tests/kimi_tokenizer.py) through prepare:
+"""A Kimi-style verifier tokenizer (remote-code tiktoken, no tokenizer.json; testing/kimi_tokenizer.py) through prepare:
 loaded only with --trust-remote-code, converted to a fast tokenizer that gives the same tokens as the verifier's own on
 every prepared conversation, and a multi-turn conversation with thinking and tool calls masked exactly on the
 assistant spans of the template's own rendering — every turn's reasoning supervised once although the template drops
@@ -12,12 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from families import _config
-from kimi_tokenizer import build_kimi_tokenizer
 
 from eagle3_train.assets.conversations import load_conversations, sharegpt_path
 from eagle3_train.assets.tokenizer import check_same_tokens, load_tokenizer
 from eagle3_train.data.prepare import check_prepared_tokenizer, load_prepared, prepare
+from eagle3_train.testing.kimi_tokenizer import build_kimi_tokenizer
+from eagle3_train.testing.tiny_verifiers import _config
 from eagle3_train.utils.io import Eagle3InputError
 
 CALL = {"id": "functions.get_weather:0", "type": "function",

@@ -1,6 +1,6 @@
 """The seed's run in miniature, on a simulated Kimi verifier served by real vLLM: Kimi-K2's architecture (the tiny
-DeepSeek-V3 of tests/families.py: MLA, MoE, YaRN) with a Kimi-style remote-code tiktoken tokenizer
-(tests/kimi_tokenizer.py), run with --trust-remote-code through generate (vLLM regenerates the answers), prepare,
+DeepSeek-V3 of testing/tiny_verifiers.py: MLA, MoE, YaRN) with a Kimi-style remote-code tiktoken tokenizer
+(testing/kimi_tokenizer.py), run with --trust-remote-code through generate (vLLM regenerates the answers), prepare,
 vocab, extract --backend vllm, train, export, evaluate offline and EAGLE-3 serving.
 
 The token ids our prepare writes are the ones vLLM itself renders and tokenizes for the same messages (`/tokenize`,
@@ -13,7 +13,6 @@ import urllib.request
 
 import pytest
 import torch
-from families import build_simulated_kimi
 from test_kimi_tokenizer import CONVERSATION
 from vllm_helpers import draft_beside_mla, require_vllm
 
@@ -28,6 +27,7 @@ from eagle3_train.generate.journal import recover_jsonl
 from eagle3_train.generate.regenerate import regenerate
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
 from eagle3_train.settings.train import TrainConfig
+from eagle3_train.testing.tiny_verifiers import build_simulated_kimi
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 

@@ -90,12 +90,12 @@ def test_finetune_from_an_exported_mla_draft_is_bit_exact_at_lr_0(tmp_path_facto
     rebuilt as a Llama one, even with --allow-missing), and inspect says so."""
     import json
 
-    from families import build_tiny_verifier
     from safetensors.torch import load_file
     from stage_helpers import build_stages, train_config
 
     from eagle3_train.export.exporter import export
     from eagle3_train.export.inspect import inspect_checkpoint
+    from eagle3_train.testing.tiny_verifiers import build_tiny_verifier
     from eagle3_train.train.trainer import train
 
     tmp = tmp_path_factory.mktemp("mla-finetune")

@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
-from families import build_tiny_verifier
 from safetensors import safe_open
 from safetensors.torch import load_file
 from stage_helpers import build_stages, train_config
 
 from eagle3_train.export.exporter import export
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.testing.tiny_verifiers import build_tiny_verifier
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
 

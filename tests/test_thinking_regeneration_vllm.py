@@ -17,7 +17,6 @@ import sys
 import time
 
 import pytest
-from families import ANSWER, LOOKUP, NEW_CALL, THOUGHT, TOOL_THOUGHT, build_simulated_kimi, teach_thinking
 from vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
@@ -32,6 +31,15 @@ from eagle3_train.generate.journal import recover_jsonl
 from eagle3_train.hidden_states.extract import extract
 from eagle3_train.serving.vllm_server import VLLMServer
 from eagle3_train.settings.train import TrainConfig
+from eagle3_train.testing.tiny_verifiers import (
+    ANSWER,
+    LOOKUP,
+    NEW_CALL,
+    THOUGHT,
+    TOOL_THOUGHT,
+    build_simulated_kimi,
+    teach_thinking,
+)
 from eagle3_train.train.trainer import train
 from eagle3_train.vocab.build import build_vocab
 

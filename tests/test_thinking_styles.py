@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from kimi_tokenizer import CHAT_TEMPLATE as KIMI_TEMPLATE
 
 from eagle3_train.assets.thinking import GENERIC, STYLES, markdown_table, resolve_style
 from eagle3_train.generate.conversation import split_inline_reasoning
 from eagle3_train.generate.run_settings import DEFAULT_MAX_TOKENS, THINKING_MAX_TOKENS, default_max_tokens
+from eagle3_train.testing.kimi_tokenizer import CHAT_TEMPLATE as KIMI_TEMPLATE
 
 QWEN3_LIKE = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{% endif %}"
 GPT_OSS_LIKE = "{%- if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}{% endif %}"

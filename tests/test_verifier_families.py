@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import build_tiny_verifier
 from transformers import AutoTokenizer
 from vllm_helpers import attention_draft_beside_mla_served, draft_beside_mla, require_vllm
 
@@ -37,6 +36,7 @@ from eagle3_train.serving.metrics import fetch_metrics, parse_prometheus, spec_d
 from eagle3_train.serving.vllm_options import speculative_config
 from eagle3_train.serving.vllm_server import VLLMServer, hidden_states_server
 from eagle3_train.settings.train import TrainConfig
+from eagle3_train.testing.tiny_verifiers import build_tiny_verifier
 from eagle3_train.train.trainer import train
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.vocab.build import build_vocab

@@ -130,16 +130,15 @@ def _load_file(path: Path) -> list[EvalPrompt]:
 
 def _load_held_out(prepared: Path) -> list[EvalPrompt]:
     """The validation split's conversations of a prepare output directory, from the data it was prepared from."""
-    import datasets
-
     from eagle3_train.assets.conversations import load_conversations
+    from eagle3_train.data.prepare import load_prepared
 
     manifest_path = prepared / "manifest.json"
     manifest = read_json(manifest_path, "prepare manifest") if manifest_path.is_file() else {}
     if manifest.get("stage") != "prepare":
         raise Eagle3InputError(f"{prepared} is not a prepare output directory (no manifest.json with stage "
                                f"'prepare'); prompts come from a benchmark name, a .jsonl/.txt file or one")
-    held = datasets.load_from_disk(str(prepared / manifest["dataset"]["path"]))["validation"]
+    held = load_prepared(prepared, ("validation",), ("id",))[0]["validation"]
     wanted = {str(i).split("#")[0] for i in held["id"]}  # a conversation split at user turns: its id once
     source = (manifest.get("source") or {}).get("path")
     if not wanted:

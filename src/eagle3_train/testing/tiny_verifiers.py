@@ -3,8 +3,8 @@ classes at small width, with everything the architecture has that our stages mus
 split rope/nope heads, YaRN, MoE with shared and routed experts and dense first layers, grouped top-k routing), the
 SmolLM2 tokenizer and chat template, and config.json as vLLM reads it.
 
-`python tests/families.py FAMILY OUT` writes one; `python tests/families.py kimi OUT` writes the simulated Kimi
-verifier (the DeepSeek-V3 one with the Kimi-style tiktoken tokenizer of tests/kimi_tokenizer.py) that
+`python -m eagle3_train.testing.tiny_verifiers FAMILY OUT` writes one; `... kimi OUT` writes the simulated Kimi
+verifier (the DeepSeek-V3 one with the Kimi-style tiktoken tokenizer of `testing/kimi_tokenizer.py`) that
 scripts/kimi_rehearsal.sh walks docs/KIMI.md on.
 
 DeepSeek-V3 at tiny width keeps what vLLM's CPU MLA kernel requires (latent kv_lora_rank 512 + qk_rope_head_dim 64 =
@@ -85,7 +85,7 @@ def build_tiny_verifier(family: str, out: Path, tokenizer_dir: Path, seed: int =
 
 def build_simulated_kimi(out: Path, tokenizer_dir: Path) -> Path:
     """Kimi-K2's architecture at tiny width with a Kimi-style remote-code tiktoken tokenizer."""
-    from kimi_tokenizer import build_kimi_tokenizer
+    from eagle3_train.testing.kimi_tokenizer import build_kimi_tokenizer
 
     build_tiny_verifier("deepseek_v3", out, tokenizer_dir)
     build_kimi_tokenizer(out, tokenizer_dir / "tokenizer.json", vocab_size=VOCAB)
@@ -175,8 +175,7 @@ def teach_thinking(model_dir: Path, steps: int = 40, seed: int = 0) -> dict[str,
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in (*FAMILY_NAMES, "kimi"):
-        sys.exit(f"usage: python tests/families.py {{{','.join(FAMILY_NAMES)},kimi}} OUT")
-    sys.path.insert(0, str(Path(__file__).parent))
+        sys.exit(f"usage: python -m eagle3_train.testing.tiny_verifiers {{{','.join(FAMILY_NAMES)},kimi}} OUT")
     from eagle3_train.assets.verifier import resolve_verifier
 
     target = Path(sys.argv[2])
