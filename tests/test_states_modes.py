@@ -26,6 +26,7 @@ def test_every_setting_value_has_an_entry():
     assert [m for m in MODES.values() if m.reads_stored] == [MODES["offline"]]
     assert [m.name for m in MODES.values() if m.served] == ["online", "hybrid"]
     assert [m.name for m in MODES.values() if m.stores] == ["hybrid"]
+    assert [m.name for m in MODES.values() if m.on_disk] == ["offline", "hybrid"]
     assert backend_of("hf").runs_verifier_here and not backend_of("vllm").runs_verifier_here
 
 

@@ -1,12 +1,21 @@
-"""One shard's hidden states, computed in padded batches by a producer (HF or vLLM) and checked as they come."""
+"""A split's hidden states as extract computes them: its shard plan (`plan_split`), its shards computed and written
+in rounds of one shard per process (`compute_split`), and one shard's states computed in padded batches by a producer
+(HF or vLLM) and checked as they come (`compute_shard`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3_train.hidden_states import store
 from eagle3_train.hidden_states.hf_backend import plan_batches
-from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.io import Eagle3InputError, write_json
+
+if TYPE_CHECKING:
+    from eagle3_train.hidden_states.parallel import ExtractGroup
+    from eagle3_train.hidden_states.source import HiddenStateProducer
 
 
 def _check_finite(aux, final, lengths: Sequence[int], sample_ids: Sequence[str], split: str, dtype: str) -> None:
@@ -60,3 +69,61 @@ def compute_shard(plan: store.ShardPlan, rows: dict[str, list], compute, bar, *,
             row += n_tok
             bar.update(n_tok)
     return aux, final, (None if stats_fn is None else (top, lse))
+
+
+def plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text_config) -> list[store.ShardPlan]:
+    """The shards of one split, after checking that no sample is longer than the verifier's positions."""
+    lengths = ds.data.column("length").to_pylist()
+    if max_samples is not None:
+        lengths = lengths[:max_samples]
+    max_pos = getattr(text_config, "max_position_embeddings", None)
+    if max_pos and lengths and max(lengths) > max_pos:
+        r = max(range(len(lengths)), key=lengths.__getitem__)
+        raise Eagle3InputError(f"sample id {ds[r]['id']!r} (split '{split}') has {lengths[r]} tokens, "
+                               f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
+                               f"shorter max length")
+    return store.plan_shards(lengths, shard_tokens)
+
+
+def compute_split(ds, split: str, plans: list[store.ShardPlan], done: dict[int, dict], split_dir: Path,
+                  open_producer: Callable[[], HiddenStateProducer], bar, stats: dict, group: ExtractGroup, *,
+                  layer_ids: Sequence[int], token_budget: int, width: tuple[int, int], store_dtype, dtype: str) -> dict:
+    """Compute and write the shards of one split not in `done` (updated, with index.json after each round of one
+    shard per process; `open_producer` is called only when a shard is left); returns the split's manifest entry."""
+    split_dir.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in plans if p.number not in done]
+    producer = open_producer() if todo else None
+    if group.is_main:
+        write_json(split_dir / "index.json", store.split_index(split, plans, done))
+    columns = ds.select_columns(["id", "input_ids"])
+    for first in range(0, len(todo), group.world):
+        plan = todo[first + group.rank] if first + group.rank < len(todo) else None
+        entry = None
+        if plan is not None:
+            bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
+            rows = columns[list(plan.rows)]
+            t0 = time.perf_counter()
+            aux, final, vstats = compute_shard(plan, rows, producer.run_batch, bar, split=split,
+                                               token_budget=token_budget, width=width, store_dtype=store_dtype,
+                                               dtype=dtype, stats_fn=producer.stats)
+            t1 = time.perf_counter()
+            meta = {"format": store.FORMAT, "split": split, "shard": str(plan.number),
+                    "layer_ids": ",".join(map(str, layer_ids)), "dtype": dtype}
+            path = split_dir / f"shard-{plan.number:05d}.safetensors"
+            entry = (plan.number, store.write_shard(path, aux, final, plan, meta, vstats), plan.num_tokens)
+            stats["forward_s"] += t1 - t0
+            stats["write_s"] += time.perf_counter() - t1
+            stats["tokens"] += plan.num_tokens
+        for rank, got in enumerate(group.gather(entry)):
+            if got is not None:
+                done[got[0]] = got[1]
+                if rank != group.rank:
+                    bar.update(got[2])  # the other processes' tokens
+        if group.is_main:
+            write_json(split_dir / "index.json", store.split_index(split, plans, done))
+    index = store.split_index(split, plans, done)
+    if group.is_main:
+        write_json(split_dir / "index.json", index)
+    return {"num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
+            "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
+            "complete": index["complete"]}

@@ -7,11 +7,13 @@ CLI: `eagle3-train extract --prepared DIR --out DIR [--verifier NAME_OR_DIR] [--
 (defaults: `ExtractSettings`, docs/CONFIG.md).
 
 This module is the stage's loop; the pieces it runs live next to it:
-- the producers (`source.HiddenStateProducer`): `hf_backend.py` (default: the verifier run here with transformers,
-  which also yields its full-vocabulary argmax and logsumexp per token) and `vllm_backend.py` (hidden-state servers,
+- the backends (`backends.py`: `backend_of(name)`, what differs between them) and their producers
+  (`source.HiddenStateProducer`): `hf_backend.py` (default: the verifier run here with transformers, which also
+  yields its full-vocabulary argmax and logsumexp per token) and `vllm_backend.py` (hidden-state servers,
   `eagle3-train serve --extract-hidden-states`, for verifiers only a serving engine can run; no lm_head, no stats).
   Both write the same shards, index and manifest (`backend` records which);
-- the on-disk format: `store.py` (`plan_shards`, `write_shard`, `split_index`; the reader training uses);
+- the on-disk format: `store.py` (`plan_shards`, `write_shard`, `split_index`; the reader training uses) and
+  `manifest.py` (the manifest, shared with hybrid training);
 - the output directory: `resume.py` (ownership, what a rerun resumes, the disk-space check);
 - the prepared data: `data.prepare.load_prepared`.
 
@@ -27,27 +29,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import resource
 import time
-import typing
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3_train.assets.families import family_of
-from eagle3_train.assets.verifier import Verifier, as_verifier, from_pretrained
-from eagle3_train.data.prepare import check_prepared_tokenizer, load_prepared
+from eagle3_train.assets.verifier import Verifier
+from eagle3_train.data.prepare import load_prepared
 from eagle3_train.hidden_states import resume, store
-from eagle3_train.hidden_states.compute import compute_shard
-from eagle3_train.hidden_states.hf_backend import HFHiddenStates, resolve_device, torch_dtype
+from eagle3_train.hidden_states.backends import Backend, backend_of
+from eagle3_train.hidden_states.compute import compute_split, plan_split
+from eagle3_train.hidden_states.layers import extract_layer_ids
+from eagle3_train.hidden_states.manifest import new_manifest, summarize, throughput
 from eagle3_train.hidden_states.parallel import ExtractGroup
-from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
-from eagle3_train.settings import ExtractBackend, ExtractSettings
-from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, sha256_file, write_json
+from eagle3_train.settings import ExtractSettings
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, sha256_file, write_json
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output
 from eagle3_train.utils.progress import progress
-from eagle3_train.utils.provenance import environment, now_iso
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
@@ -57,7 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 256 * 2**20  # default shard_tokens aims at shards of about this size
 REQUIRED_COLUMNS = ("id", "input_ids", "length")  # of the prepared data (training also needs the loss mask)
-BACKENDS = typing.get_args(ExtractBackend)
 
 
 _D = ExtractSettings  # keyword defaults below are the settings dataclass's
@@ -94,36 +92,29 @@ def extract(prepared_dir: str | Path, verifier: str | Path | Verifier | None, ou
 def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_ids, dtype, device, token_budget,
              shard_tokens, splits, max_samples, compute_dtype, overwrite, disk_margin, backend, endpoints,
              vllm_options, trust_remote_code, hash_weights, finetune_from, source_aux_convention) -> dict:
-    _check_arguments(splits, token_budget, max_samples, backend, endpoints, vllm_options, group.world)
+    options = dict(vllm_options or {})
+    be = _check_arguments(splits, token_budget, max_samples, backend, endpoints, options, group.world)
     # never a directory this stage did not write, even with --overwrite (which replaces only our own states)
     out_dir = group.on_main(lambda: claim_output_dir(out_dir, "extract", resume.WHAT, resume.written_by_extract,
                                                      create=False, writes=resume.writes(splits)))
-    store_dtype, store_bytes = store.store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
+    store_dtype, _ = store.store_dtypes(dtype)  # fp8: collected in bfloat16, 1 byte per element on disk
     ds = load_prepared(prepared_dir, splits, REQUIRED_COLUMNS)[0]
-    verifier, verifier_path, text_config = _open_verifier(prepared_dir, verifier, trust_remote_code, backend)
+    verifier, verifier_path, text_config = be.open_verifier(prepared_dir, verifier, trust_remote_code)
     num_layers, hidden = int(text_config.num_hidden_layers), int(text_config.hidden_size)
-    ids = _layer_ids(layer_ids, finetune_from, num_layers, verifier.name, family_of(verifier.config).first_aux_layer,
-                     source_aux_convention)
-    if backend == "vllm":  # the server decides where and in which dtype the verifier runs
-        device, compute_dtype = "vllm", None
-    else:
-        device = group.device(resolve_device(device))
-        if not compute_dtype:  # the teacher is the verifier as our vLLM server runs it here (the judge of the draft)
-            from eagle3_train.serving.vllm_server import server_options
-
-            compute_dtype = server_options("cpu" if device == "cpu" else "cuda", model_config=verifier.config)["dtype"]
-        torch_dtype(compute_dtype)  # a bad name fails before any output is touched
-    bytes_per_token = 4 * hidden * store_bytes + (4 * 4 if store_bytes == 1 else 0)  # fp8: + 4 float32 scales
+    ids = extract_layer_ids(layer_ids, finetune_from, num_layers, verifier.name,
+                            family_of(verifier.config).first_aux_layer, source_aux_convention)
+    device, compute_dtype = be.placement(device, compute_dtype, verifier.config, group.device)
+    bytes_per_token = store.bytes_per_token(hidden, dtype)
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
     check_at_least("shard_tokens", shard_tokens, 1)
 
     # Plan every split up front: the disk estimate and the resume check need the whole picture.
-    plans = {split: _plan_split(ds[split], split, max_samples, shard_tokens, text_config) for split in splits}
+    plans = {split: plan_split(ds[split], split, max_samples, shard_tokens, text_config) for split in splits}
     settings = {
         # Served verifiers are large: identify the weights by file sizes, not hashes. name: as the user gave it.
         "verifier": verifier.identity(hash_weights),
-        "backend": backend,
+        "backend": be.name,
         "layer_ids": list(ids), "layer_ids_from": finetune_from, "dtype": dtype, "compute_dtype": compute_dtype,
         **({"layer_ids_convention": source_aux_convention} if finetune_from else {}),
         "hidden_size": hidden, "num_layers": num_layers,
@@ -135,48 +126,39 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     todo_tokens = sum(p.num_tokens for s in splits for p in plans[s] if p.number not in done[s])
     what = (f"{sum(len(p.rows) for s in splits for p in plans[s])} samples, {total_tokens} tokens ({todo_tokens} "
             f"left) x {bytes_per_token} B/token (4 x H={hidden} x {dtype})")
-    # the HF backend's verifier stats add store.STATS_BYTES per token to the hidden states' bytes_per_token
-    disk_bytes_per_token = bytes_per_token + (store.STATS_BYTES if backend == "hf" else 0)
-    group.on_main(lambda: resume.check_disk_space(out_dir, what, todo_tokens, disk_bytes_per_token, disk_margin,
-                                                  overwrite))
+    group.on_main(lambda: resume.check_disk_space(out_dir, what, todo_tokens, bytes_per_token + be.stats_bytes,
+                                                  disk_margin, overwrite))
     # nothing is deleted while another extract writes
     with group.holding(lambda: claimed_output(out_dir, "extract", resume.WHAT, resume.written_by_extract,
                                               resume.writes(splits))):
-        manifest = _new_manifest(settings, old_manifest, splits, verifier=verifier, prepared_dir=prepared_dir,
-                                 aux_width=len(ids) * hidden, bytes_per_token=bytes_per_token,
-                                 token_budget=token_budget, device=device, trust_remote_code=trust_remote_code,
-                                 estimated_bytes=total_tokens * bytes_per_token, processes=group.world)
+        manifest = new_manifest(settings, verifier_name=verifier.name, prepared_dir=prepared_dir, old=old_manifest,
+                                writes=splits, token_budget=token_budget, device=device,
+                                trust_remote_code=bool(trust_remote_code),
+                                estimated_bytes=total_tokens * bytes_per_token, processes=group.world,
+                                throughput=(old_manifest or {}).get("throughput"))
         group.on_main(lambda: (resume.clear_output(out_dir, overwrite), write_json(out_dir / "manifest.json",
                                                                                    manifest)))
-        if backend == "vllm":
-            from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates
-
-            make = partial(VLLMHiddenStates, endpoints, verifier_path, ids, store_dtype, **(vllm_options or {}))
-        else:
-            make = partial(HFHiddenStates, verifier_path, ids, store_dtype, text_config, device=device,
-                           compute_dtype=compute_dtype, trust_remote_code=trust_remote_code)
-        forward = _Producer(backend, ids, make)
+        make = be.producer(verifier_path, ids, store_dtype, text_config, device=device, compute_dtype=compute_dtype,
+                           trust_remote_code=trust_remote_code, endpoints=endpoints, options=options)
+        forward = _Producer(be, make)
         stats = {"tokens": 0, "forward_s": 0.0, "write_s": 0.0}
         start, start_cpu = time.perf_counter(), time.process_time()
         bar = progress(total=todo_tokens, desc="extract", unit="tok", disable=not group.is_main)
         try:
             for split in splits:
-                manifest["splits"][split] = _extract_split(
-                    ds[split], split, plans[split], done[split], out_dir / split, forward, manifest, bar, stats,
-                    group, token_budget=token_budget, width=(len(ids) * hidden, hidden), store_dtype=store_dtype,
-                    dtype=dtype)
+                manifest["splits"][split] = compute_split(
+                    ds[split], split, plans[split], done[split], out_dir / split, lambda: forward.open(manifest), bar,
+                    stats, group, layer_ids=ids, token_budget=token_budget, width=(len(ids) * hidden, hidden),
+                    store_dtype=store_dtype, dtype=dtype)
         finally:
             bar.close()
             forward.close(manifest)
 
         tokens = sum(group.gather(stats["tokens"]))  # of every process
         if tokens and group.is_main:
-            manifest["throughput"] = _throughput(stats, tokens, forward.it, start, start_cpu, device, compute_dtype,
-                                                 token_budget, group.world)
-        manifest["counts"] = {k: sum(s[src] for s in manifest["splits"].values())
-                              for k, src in (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
-        manifest["status"] = "complete" if all(s["complete"] for s in manifest["splits"].values()) else "in_progress"
-        manifest["updated"] = now_iso()
+            manifest["throughput"] = throughput(stats, tokens, forward.it, start, start_cpu, device, compute_dtype,
+                                                token_budget, group.world)
+        summarize(manifest)
         return group.on_main(lambda: (write_json(out_dir / "manifest.json", manifest), manifest)[1])
 
 
@@ -186,188 +168,38 @@ def _resumable(out_dir: Path, settings: dict, overwrite: bool, plans: dict) -> t
     return old_manifest, resume.done_shards(out_dir, plans, old_manifest)
 
 
-def _open_verifier(prepared_dir: Path, verifier: str | Path | Verifier | None, trust_remote_code: bool,
-                   backend: str = "hf") -> tuple[Verifier, Path, Any]:
-    """(the Verifier, its local directory, its text config); None: the verifier the data was prepared with."""
-    from transformers import AutoConfig
-
-    if verifier is None:  # the verifier that tokenized the data: another one would read other token ids
-        recorded = read_json(prepared_dir / "manifest.json", "prepared-data manifest").get("verifier")
-        verifier = Verifier.from_record(recorded, f"the prepared data {prepared_dir}",
-                                        need="tokenizer" if backend == "vllm" else "weights")
-    if backend == "vllm":  # the servers run the weights: here config, tokenizer and the final norm only
-        from eagle3_train.hidden_states.vllm_backend import resolve_served_verifier
-
-        name = verifier.name if isinstance(verifier, Verifier) else str(verifier)
-        path = resolve_served_verifier(name)
-        verifier = Verifier(name, path, read_json(path / "config.json", "verifier config"))
-    verifier = as_verifier(verifier)
-    check_prepared_tokenizer(prepared_dir, verifier.path)
-    config = from_pretrained(AutoConfig, verifier.path, trust_remote_code)
-    return verifier, verifier.path, config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def _new_manifest(settings: dict, old_manifest: dict | None, splits: Sequence[str], *, verifier: Verifier,
-                  prepared_dir: Path, aux_width: int, bytes_per_token: int, token_budget: int, device: str,
-                  trust_remote_code: bool, estimated_bytes: int, processes: int = 1) -> dict:
-    """The in-progress manifest written before the first shard (what a resume keeps of the old one included)."""
-    from eagle3_train.hidden_states import fp8
-
-    manifest = {
-        "stage": "extract", "format": store.FORMAT, "format_version": store.FORMAT_VERSION, "status": "in_progress",
-        **settings,
-        "verifier_name": verifier.name, "prepared_dir": str(prepared_dir.resolve()),
-        "aux_width": aux_width, "bytes_per_token": bytes_per_token, "splits": {},
-        "token_budget": token_budget, "device": device, "trust_remote_code": bool(trust_remote_code),
-        "estimated_bytes": estimated_bytes, "processes": processes,
-        "created": (old_manifest or {}).get("created", now_iso()), "updated": now_iso(),
-        "throughput": (old_manifest or {}).get("throughput"), "environment": environment(),
-    }
-    if settings["dtype"] == fp8.STORE_NAME:
-        manifest["fp8_scales"] = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale "
-                                  "[N, 3], final_scale [N, 1] (hidden_states/fp8.py)")
-    if settings["backend"] == "vllm":
-        manifest["vllm"] = (old_manifest or {}).get("vllm")
-    else:  # the vocab size is filled in when the verifier loads (`HFHiddenStates.open`)
-        manifest["verifier_stats"] = (old_manifest or {}).get("verifier_stats")
-    for split in (old_manifest or {}).get("splits", {}):
-        if split not in splits:  # splits extracted by an earlier command stay recorded
-            manifest["splits"][split] = old_manifest["splits"][split]
-    return manifest
-
-
 def _check_arguments(splits: Sequence[str], token_budget: int, max_samples: int | None, backend: str,
-                     endpoints: Sequence[str], vllm_options: dict[str, Any] | None, processes: int = 1) -> None:
+                     endpoints: Sequence[str], options: dict[str, Any], processes: int = 1) -> Backend:
+    """The backend's entry, after refusing arguments no extraction can run with."""
     if not splits:
         raise Eagle3InputError("no splits to extract")
     check_at_least("token_budget", token_budget, 1)
     check_at_least("max_samples", max_samples, 1)
-    if backend not in BACKENDS:
-        raise Eagle3InputError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "vllm" and processes > 1:
-        raise Eagle3InputError("--backend vllm runs in one process (the servers hold the verifier; several "
-                               "--endpoint share the work): run it without torchrun")
-    if backend == "vllm" and not endpoints:
-        raise Eagle3InputError("--backend vllm needs --endpoint URL (a server started with "
-                               "`eagle3-train serve --extract-hidden-states`)")
-    if backend == "vllm" and not (vllm_options or {}).get("hidden_states_dir"):
-        raise Eagle3InputError("--backend vllm needs --hidden-states-dir DIR: the directory the servers write each "
-                               "request's states to (`eagle3-train serve` prints it), as this machine sees it")
-
-
-def _plan_split(ds, split: str, max_samples: int | None, shard_tokens: int, text_config) -> list[store.ShardPlan]:
-    """The shards of one split, after checking that no sample is longer than the verifier's positions."""
-    lengths = ds.data.column("length").to_pylist()
-    if max_samples is not None:
-        lengths = lengths[:max_samples]
-    max_pos = getattr(text_config, "max_position_embeddings", None)
-    if max_pos and lengths and max(lengths) > max_pos:
-        r = max(range(len(lengths)), key=lengths.__getitem__)
-        raise Eagle3InputError(f"sample id {ds[r]['id']!r} (split '{split}') has {lengths[r]} tokens, "
-                               f"more than the verifier's max_position_embeddings {max_pos}; prepare with a "
-                               f"shorter max length")
-    return store.plan_shards(lengths, shard_tokens)
-
-
-def _layer_ids(layer_ids, finetune_from: str | None, num_layers: int, verifier: str, first: int,
-               convention: str = "auto") -> tuple[int, ...]:
-    """The taps: given, else the finetune source's (so the finetune is not refused after hours of extraction)."""
-    given = parse_layer_ids(layer_ids)
-    if finetune_from:
-        from eagle3_train.checkpoints.formats import draft_layer_ids
-
-        source, origin = draft_layer_ids(finetune_from, num_layers, convention)
-        if given is not None and tuple(given) != source:
-            raise Eagle3InputError(f"--layer-ids {list(given)} differ from the layers the finetune source "
-                                   f"{finetune_from} was trained on, {list(source)} (vLLM's input-of-layer ids, read "
-                                   f"from {origin}): drop --layer-ids to extract the source's")
-        log.info("extract: the layers of finetune source %s: %s (%s)", finetune_from, list(source), origin)
-        given = source
-    return validate_layer_ids(given, num_layers, f"verifier {verifier}", first)
+    be = backend_of(backend)
+    be.check_arguments(processes, endpoints, options)
+    return be
 
 
 class _Producer:
     """The backend's producer, made and opened on first use (a finished resume loads nothing); keeps its record in
-    the manifest: `vllm` (the servers) or `verifier_stats` (HF)."""
+    the manifest under the backend's `record_key` (`vllm`: the servers, `verifier_stats`: HF)."""
 
-    def __init__(self, backend: str, ids: Sequence[int], make: Callable[[], HiddenStateProducer]) -> None:
-        self.backend, self.ids, self.make = backend, ids, make
+    def __init__(self, backend: Backend, make: Callable[[], HiddenStateProducer]) -> None:
+        self.backend, self.make = backend, make
         self.it: HiddenStateProducer | None = None
 
     def open(self, manifest: dict) -> HiddenStateProducer:
         if self.it is None:
             self.it = self.make()
-            manifest["vllm" if self.backend == "vllm" else "verifier_stats"] = self.it.open()
+            manifest[self.backend.record_key] = self.it.open()
         return self.it
 
     def close(self, manifest: dict) -> None:
         if self.it is not None:
-            if manifest.get("vllm") and getattr(self.it, "server_dtype", None):
-                manifest["vllm"]["server_dtype"] = self.it.server_dtype
+            record = manifest.get(self.backend.record_key)
+            if record and getattr(self.it, "server_dtype", None):  # the servers' dtype, seen in their first answer
+                record["server_dtype"] = self.it.server_dtype
             self.it.close()
-
-
-def _extract_split(ds, split: str, plans: list[store.ShardPlan], done: dict[int, dict], split_dir: Path,
-                   forward: _Producer, manifest: dict, bar, stats: dict, group: ExtractGroup, *, token_budget: int,
-                   width: tuple[int, int], store_dtype, dtype: str) -> dict:
-    """Compute and write the shards of one split not in `done` (updated, with index.json after each round of one
-    shard per process); returns the split's manifest entry."""
-    split_dir.mkdir(parents=True, exist_ok=True)
-    todo = [p for p in plans if p.number not in done]
-    producer = forward.open(manifest) if todo else None
-    if group.is_main:
-        write_json(split_dir / "index.json", store.split_index(split, plans, done))
-    columns = ds.select_columns(["id", "input_ids"])
-    for first in range(0, len(todo), group.world):
-        plan = todo[first + group.rank] if first + group.rank < len(todo) else None
-        entry = None
-        if plan is not None:
-            bar.set_postfix_str(f"{split} shard {plan.number + 1}/{len(plans)}")
-            rows = columns[list(plan.rows)]
-            t0 = time.perf_counter()
-            aux, final, vstats = compute_shard(plan, rows, producer.run_batch, bar, split=split,
-                                               token_budget=token_budget, width=width, store_dtype=store_dtype,
-                                               dtype=dtype, stats_fn=producer.stats)
-            t1 = time.perf_counter()
-            meta = {"format": store.FORMAT, "split": split, "shard": str(plan.number),
-                    "layer_ids": ",".join(map(str, forward.ids)), "dtype": dtype}
-            path = split_dir / f"shard-{plan.number:05d}.safetensors"
-            entry = (plan.number, store.write_shard(path, aux, final, plan, meta, vstats), plan.num_tokens)
-            stats["forward_s"] += t1 - t0
-            stats["write_s"] += time.perf_counter() - t1
-            stats["tokens"] += plan.num_tokens
-        for rank, got in enumerate(group.gather(entry)):
-            if got is not None:
-                done[got[0]] = got[1]
-                if rank != group.rank:
-                    bar.update(got[2])  # the other processes' tokens
-        if group.is_main:
-            write_json(split_dir / "index.json", store.split_index(split, plans, done))
-    index = store.split_index(split, plans, done)
-    if group.is_main:
-        write_json(split_dir / "index.json", index)
-    return {"num_samples": index["num_samples"], "num_tokens": index["num_tokens"],
-            "num_shards": index["num_shards"], "bytes": sum(e["bytes"] for e in index["shards"]),
-            "complete": index["complete"]}
-
-
-def _throughput(stats: dict, tokens: int, producer: HiddenStateProducer, start: float, start_cpu: float,
-                device: str, compute_dtype: str | None, token_budget: int, processes: int) -> dict:
-    """The extraction loop's rate: tokens of every process over this one's wall time; CPU and memory: this one's."""
-    import torch
-
-    seconds = time.perf_counter() - start - producer.load_s  # throughput of the extraction loop, not the load
-    # CPU time of all threads: on a shared machine tokens per CPU-second varies less than wall-clock tokens/s.
-    cpu_seconds = time.process_time() - start_cpu - producer.load_cpu_s
-    peak = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-    if device.startswith("cuda"):
-        peak["peak_cuda_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    return {
-        "tokens": tokens, "seconds": round(seconds, 3), "processes": processes,
-        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
-        "forward_seconds": round(stats["forward_s"], 3), "write_seconds": round(stats["write_s"], 3),
-        "load_seconds": round(producer.load_s, 3), "cpu_seconds": round(cpu_seconds, 3),
-        "device": device, "compute_dtype": compute_dtype, "token_budget": token_budget, **peak}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

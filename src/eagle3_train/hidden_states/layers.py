@@ -1,4 +1,5 @@
-"""Tapping the verifier's aux layers (which ones: `model/aux_layers.py`, "input of layer i" convention).
+"""Tapping the verifier's aux layers (which ones: `model/aux_layers.py`, "input of layer i" convention;
+`extract_layer_ids`: those extract taps).
 
 `AuxCapture` taps those layer inputs with forward pre-hooks: extract stores them and the offline evaluator feeds them
 to the draft, so what the draft is trained on and what it is evaluated with come from this one hook.
@@ -6,11 +7,14 @@ to the draft, so what the draft is trained on and what it is evaluated with come
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from eagle3_train.utils.io import Eagle3InputError
+
+log = logging.getLogger(__name__)
 
 
 def decoder_parts(model) -> tuple[Any, Any]:
@@ -60,3 +64,23 @@ class AuxCapture:
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+
+
+def extract_layer_ids(layer_ids: Any, finetune_from: str | None, num_layers: int, verifier: str, first: int,
+                      convention: str = "auto") -> tuple[int, ...]:
+    """The layers extract taps: given, else the finetune source's (so the finetune is not refused after hours of
+    extraction); checked against the verifier's `num_layers` (`first`: its family's lowest usable layer)."""
+    from eagle3_train.model.aux_layers import parse_layer_ids, validate_layer_ids
+
+    given = parse_layer_ids(layer_ids)
+    if finetune_from:
+        from eagle3_train.checkpoints.formats import draft_layer_ids
+
+        source, origin = draft_layer_ids(finetune_from, num_layers, convention)
+        if given is not None and tuple(given) != source:
+            raise Eagle3InputError(f"--layer-ids {list(given)} differ from the layers the finetune source "
+                                   f"{finetune_from} was trained on, {list(source)} (vLLM's input-of-layer ids, read "
+                                   f"from {origin}): drop --layer-ids to extract the source's")
+        log.info("extract: the layers of finetune source %s: %s (%s)", finetune_from, list(source), origin)
+        given = source
+    return validate_layer_ids(given, num_layers, f"verifier {verifier}", first)

@@ -25,13 +25,14 @@ from typing import Any
 
 import torch
 
+from eagle3_train.hidden_states.manifest import summarize
 from eagle3_train.hidden_states.resume import written_by_extract
 from eagle3_train.hidden_states.source import Features
 from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, HiddenStatesReader, ShardPlan, write_shard
 from eagle3_train.hidden_states.vllm_backend import ServerUnavailable, VLLMHiddenStates
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 from eagle3_train.utils.outputs import claim_output_dir
-from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.provenance import now_iso
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +98,13 @@ class HybridSource(OnlineSource):
 
     def __init__(self, split: str, store_dir: str | Path, manifest: dict[str, Any], num_samples: int,
                  **online: Any) -> None:
+        """`manifest`: the store's manifest as `manifest.new_manifest` makes it (the servers' record added here)."""
         super().__init__(split, **online)
         self.dir = Path(store_dir)
         self.split_dir = self.dir / split
         self.num_samples = num_samples
         self.index_path = self.split_dir / "index.json"
-        self.new_manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION,
-                             "status": "in_progress", "backend": "vllm", "written_by": "train (hybrid mode)",
-                             **manifest, "vllm": self.servers, "splits": {}, "environment": environment()}
+        self.new_manifest = {**manifest, "vllm": self.servers}
         self.reader: Any = None  # opened on the first fetch: the trainer claims (or sets aside) its --out first
         self.next_number = -1
 
@@ -173,12 +173,7 @@ class HybridSource(OnlineSource):
         manifest["splits"][self.split] = {"num_samples": stored, "num_tokens": index["num_tokens"],
                                           "num_shards": len(entries), "bytes": sum(e["bytes"] for e in entries),
                                           "complete": index["complete"]}
-        splits = manifest["splits"].values()
-        manifest["status"] = "complete" if all(s["complete"] for s in splits) else "in_progress"
-        manifest["counts"] = {k: sum(s[src] for s in splits) for k, src in
-                              (("samples", "num_samples"), ("tokens", "num_tokens"), ("bytes", "bytes"))}
-        manifest["updated"] = now_iso()
-        write_json(mpath, manifest)
+        write_json(mpath, summarize(manifest))
 
     def _store(self, keep: list[tuple[int, Features]]) -> None:
         """Write the fetched samples as this rank's next shard, then add it to the index."""

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagle3_train.hidden_states.modes import StatesMode
+from eagle3_train.hidden_states.modes import states_mode as mode_entry
 from eagle3_train.utils.io import Eagle3InputError
 
 if TYPE_CHECKING:
@@ -91,6 +93,6 @@ def aux_convention(ctx: RunContext) -> str:
     return ctx.cfg["train"].get("source_aux_convention") or "auto"
 
 
-def states_mode(ctx: RunContext) -> str:
+def states_mode(ctx: RunContext) -> StatesMode:
     """offline: extract, then train from disk; online/hybrid: train asks hidden-state servers (no extract stage)."""
-    return str(ctx.cfg["train"].get("hidden_states_mode") or "offline")
+    return mode_entry(str(ctx.cfg["train"].get("hidden_states_mode") or "offline"))

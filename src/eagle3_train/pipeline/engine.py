@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.pipeline.config import merged_config
 from eagle3_train.pipeline.context import (
     RunContext,
@@ -176,10 +177,10 @@ class Pipeline:
         lines += self._server_checks(ctx)
         lines += _finetune_source_checks(ctx)
         plan = {name: status for name, (status, _) in steps.items()}
-        needed = ("prepare", "vocab", "extract") if states_mode(ctx) == "offline" else ("prepare", "vocab")
+        needed = ("prepare", "vocab", "extract") if states_mode(ctx).reads_stored else ("prepare", "vocab")
         done = {name: plan[name].startswith("done") for name in needed}
         report: dict[str, Any] = {"stages_done": done, "plan": plan}
-        served_here = states_mode(ctx) != "offline" and not ctx.cfg["train"].get("endpoint")
+        served_here = states_mode(ctx).served and not ctx.cfg["train"].get("endpoint")
         if served_here:
             lines.append("NOT checked: train (its hidden-state server starts with the run; `eagle3-train train "
                          "--dry-run --endpoint URL ...` checks it against a running one), export, evaluate")
@@ -197,14 +198,15 @@ class Pipeline:
         """Where the hidden states come from, checked before a run that would otherwise fail after hours: the given
         servers answer, or the vLLM environment that the run would start one with exists."""
         ext, tr = ctx.cfg["extract"], ctx.cfg["train"]
-        if states_mode(ctx) != "offline":
+        mode = states_mode(ctx)
+        if mode.served:
             if tr.get("endpoint"):
-                return [f"  train: {states_mode(ctx)} mode, states from the servers {tr['endpoint']} (the train dry "
-                        f"run asks them)"]
-            check_local_server(f"train.hidden_states_mode is {states_mode(ctx)}")
-            return [f"  train: {states_mode(ctx)} mode, states from a vLLM hidden-state server the run starts here",
+                return [f"  train: {mode.name} mode, states from the servers {tr['endpoint']} (the train dry run asks "
+                        f"them)"]
+            check_local_server(f"train.hidden_states_mode is {mode.name}")
+            return [f"  train: {mode.name} mode, states from a vLLM hidden-state server the run starts here",
                     served_beside_training(ctx)]
-        if ext.get("backend") != "vllm":
+        if backend_of(ext.get("backend") or "hf").runs_verifier_here:
             return [f"  extract: the verifier runs here (HF backend, device {ext.get('device')})"]
         if ext.get("endpoint"):
             from eagle3_train.hidden_states.vllm_backend import VLLMHiddenStates

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.pipeline.context import (
     RunContext,
     Stage,
@@ -57,7 +58,7 @@ def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str
     what = (f"the server's weights {floor / 1e9:.1f} GB per GPU over {gpus} beside the trainer's planned peak "
             f"{p.memory['peak'] / 1e9:.1f} GB" if floor else "the server's weight size is unknown (config only)")
     if p.modes["online"]["fits"] is False:
-        raise Eagle3InputError(f"train.hidden_states_mode {states_mode(ctx)} starts the verifier's server on the "
+        raise Eagle3InputError(f"train.hidden_states_mode {states_mode(ctx).name} starts the verifier's server on the "
                                f"training GPUs: {what} exceed one GPU's {gpu_bytes / 1e9:.1f} GB. Run the servers on "
                                f"other GPUs and give train.endpoint, or train offline (extract first)")
     if gpu_bytes is None:
@@ -133,7 +134,7 @@ def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
            "verifier": ctx.verifier_key, "layers_of": ctx.cfg["train"].get("finetune_from")}
     if aux_convention(ctx) != "auto":  # the user's reading of the source's ids
         key["layers_convention"] = aux_convention(ctx)
-    return key | (with_serving(ctx) if ctx.cfg["extract"].get("backend") == "vllm" else {})
+    return key | ({} if backend_of(ctx.cfg["extract"].get("backend") or "hf").runs_verifier_here else with_serving(ctx))
 
 
 def extract_layers(ctx: RunContext, cfg: dict[str, Any]) -> Any:
@@ -159,7 +160,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     out = ctx.run_dir / "hidden_states"
     kw = dict(trust_remote_code=ctx.trust_remote_code, overwrite=restart)
     ext = ctx.cfg["extract"]
-    if cfg.get("backend") != "vllm":
+    if backend_of(cfg.get("backend") or "hf").runs_verifier_here:
         processes = train_processes(ctx.cfg.get("train_processes", "auto"))
         if processes > 1:  # one verifier replica per GPU, disjoint shards, one store (hidden_states/parallel.py)
             args = ["--prepared", str(ctx.run_dir / "prepared"), "--verifier", ctx.verifier.name, "--out", str(out),
@@ -194,7 +195,7 @@ _TRAIN_TRANSPORT = ("endpoint", "served_model", "online_concurrency", "hidden_st
 
 def train_values(ctx: RunContext) -> dict[str, Any]:
     rd = ctx.run_dir
-    hidden = "" if states_mode(ctx) == "online" else str(rd / "hidden_states")  # hybrid stores its states there
+    hidden = str(rd / "hidden_states") if states_mode(ctx).on_disk else ""  # hybrid stores its states there
     return {"prepared": str(rd / "prepared"), "hidden_states": hidden, "vocab": str(rd / "vocab"),
             "out": str(rd / "train"), "verifier": ctx.verifier.name, **ctx.cfg["train"]}
 
@@ -203,7 +204,7 @@ def _train_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     # the number of processes is in the key: it sets the optimizer step's batch (grad_accum x world size)
     n = train_processes(ctx.cfg.get("train_processes", "auto"))
     values = {k: v for k, v in train_values(ctx).items() if k not in _TRAIN_TRANSPORT}
-    offline = states_mode(ctx) == "offline"
+    offline = states_mode(ctx).reads_stored
     inputs = [ctx.keys["prepare"], ctx.keys["extract"] if offline else "served", ctx.keys["vocab"]]
     return {**values, "inputs": inputs, **({"processes": n} if n > 1 else {}),
             **(with_serving(ctx) if not offline and not ctx.cfg["train"].get("endpoint") else {})}
@@ -228,7 +229,7 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
     def run() -> dict[str, Any]:
         return train(cfg, ctx.verifier) if processes == 1 else train_under_torchrun(cfg, processes,
                                                                       ctx.run_dir / "train-launch.yaml")
-    if states_mode(ctx) == "offline" or cfg.endpoint:
+    if not states_mode(ctx).served or cfg.endpoint:
         r = run()
     else:  # online/hybrid without endpoints: serve the verifier here for the stage's duration
         from eagle3_train.serving.vllm_server import hidden_states_server
@@ -283,7 +284,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("vocab", "vocab", ("prepare",), "vocab/vocab.safetensors",
           lambda ctx, _v: {**ctx.cfg["vocab"], "prepared": ctx.keys["prepare"]}, _vocab_run, use=_summarize("vocab")),
     Stage("extract", "extract", ("prepare",), "hidden_states/manifest.json", _extract_key, _extract_run,
-          use=_summarize("extract"), enabled=lambda ctx: states_mode(ctx) == "offline"),
+          use=_summarize("extract"), enabled=lambda ctx: states_mode(ctx).reads_stored),
     Stage("train", "train", ("prepare", "vocab", "extract"), "train/final", _train_key, _train_run,
           use=_summarize("train")),
     Stage("export", "export", ("train",), "export-{variant}/config.json",

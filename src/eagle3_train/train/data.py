@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from eagle3_train.data.prepare import load_prepared
+from eagle3_train.hidden_states.modes import open_source
 from eagle3_train.hidden_states.source import HiddenStateSource, StoredSource
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
+
+SourceOpener = Callable[[], HiddenStateSource]
 
 
 def real_tokens(lengths: torch.Tensor, length: int) -> torch.Tensor:
@@ -56,19 +62,16 @@ class Batch:
 class TrainingSamples:
     """One split: prepared rows joined with the features of a hidden-state source, addressable by position 0..n-1.
 
-    `source` is a `HiddenStateSource` or an extract output directory (read through `StoredSource`).
+    `source` is a `HiddenStateSource`, an extract output directory (read through `StoredSource`) or a function that
+    opens the source (called once the prepared split is found, so a missing split connects to no server).
     """
 
-    def __init__(self, prepared_dir: str | Path, source: HiddenStateSource | str | Path, split: str):
-        from datasets import load_from_disk
-
-        ds_path = Path(prepared_dir) / "dataset"
-        if not ds_path.exists():
-            raise Eagle3InputError(f"prepared dataset not found: {ds_path} (run `eagle3-train prepare` first)")
-        dsd = load_from_disk(str(ds_path))
-        if split not in dsd:
-            raise Eagle3InputError(f"prepared dataset {ds_path} has no '{split}' split (has {list(dsd)})")
-        self.source: HiddenStateSource = StoredSource(source, split) if isinstance(source, (str, Path)) else source
+    def __init__(self, prepared_dir: str | Path, source: HiddenStateSource | str | Path | SourceOpener, split: str):
+        dsd = load_prepared(prepared_dir, (split,), ("input_ids", "loss_mask", "length"))[0]
+        if isinstance(source, (str, Path)):
+            self.source: HiddenStateSource = StoredSource(source, split)
+        else:
+            self.source = source() if callable(source) else source
         rows = dsd[split].select_columns(["input_ids", "loss_mask", "length"])
         available = self.source.sample_indices()
         self.indices = list(range(len(rows))) if available is None else list(available)
@@ -122,36 +125,10 @@ class TrainingSamples:
 
 
 def open_samples(cfg, inputs, split: str, rank: int = 0, world_size: int = 1) -> TrainingSamples:
-    """A split of the run's data with the hidden-state source its settings choose (offline, online or hybrid);
-    `rank`, `world_size`: this process under torchrun (online/hybrid: each rank has its own source)."""
-    mode = cfg.hidden_states_mode
-    if mode == "offline":
-        return TrainingSamples(cfg.prepared, cfg.hidden_states, split)
-    from eagle3_train.hidden_states.online import HybridSource, OnlineSource
-
-    dtype = getattr(torch, cfg.hidden_states_dtype)
-    online = dict(endpoints=cfg.endpoint, verifier_dir=inputs.verifier.path, layer_ids=inputs.layer_ids, dtype=dtype,
-                  model=cfg.served_model, concurrency=cfg.online_concurrency, rank=rank, world_size=world_size,
-                  hidden_states_dir=cfg.hidden_states_dir)
-    if mode == "online":
-        return TrainingSamples(cfg.prepared, OnlineSource(split, **online), split)
-    if mode != "hybrid":
-        raise Eagle3InputError(f"train.hidden_states_mode must be offline, online or hybrid, got {mode!r}")
-    from datasets import load_from_disk
-
-    ds = load_from_disk(str(Path(cfg.prepared) / "dataset"))
-    if split not in ds:
-        raise Eagle3InputError(f"prepared dataset {cfg.prepared}/dataset has no '{split}' split (has {list(ds)})")
-    text = inputs.verifier.config.get("text_config", inputs.verifier.config)
-    hidden = int(text["hidden_size"])
-    manifest = {"verifier": inputs.verifier_identity, "verifier_name": inputs.verifier.name,
-                "layer_ids": list(inputs.layer_ids), "dtype": cfg.hidden_states_dtype, "hidden_size": hidden,
-                "num_layers": int(text["num_hidden_layers"]),
-                "prepared_manifest_sha256": inputs.prepared_manifest_sha256,
-                "prepared_dir": str(Path(cfg.prepared).resolve()), "aux_width": len(inputs.layer_ids) * hidden,
-                "bytes_per_token": 4 * hidden * torch.empty((), dtype=dtype).element_size()}
-    source = HybridSource(split, inputs.hidden_dir, manifest, len(ds[split]), **online)
-    return TrainingSamples(cfg.prepared, source, split)
+    """A split of the run's data with the hidden-state source its settings choose (`hidden_states.modes`: offline,
+    online or hybrid), opened once the prepared split is found; `rank`, `world_size`: this process under torchrun
+    (online/hybrid: each rank has its own source)."""
+    return TrainingSamples(cfg.prepared, partial(open_source, cfg, inputs, split, rank, world_size), split)
 
 
 def open_validation(cfg, inputs, rank: int = 0, world_size: int = 1) -> TrainingSamples | None:

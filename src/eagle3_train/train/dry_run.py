@@ -25,6 +25,7 @@ import torch
 from eagle3_train.assets.families import text_config
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
+from eagle3_train.hidden_states.modes import states_mode
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
 from eagle3_train.model.engines import engine_support, format_support
@@ -240,7 +241,7 @@ def _check_data(cfg: TrainConfig, inputs, H: int, V: int, max_pos: int, world_si
     """Stored states: every shard's header. Online/hybrid: the servers, asked who they are and what they capture
     (the run's first request would fail the same way), never for states."""
     splits: dict[str, Any] = {}
-    served = cfg.hidden_states_mode != "offline"
+    served = states_mode(cfg.hidden_states_mode).served
     for split in ("train", "validation"):
         try:
             data = _served_samples(cfg, inputs, split, checked) if served else \

@@ -11,6 +11,7 @@ import torch
 
 from eagle3_train.assets.families import family_of
 from eagle3_train.assets.verifier import Verifier, as_verifier
+from eagle3_train.hidden_states.modes import states_mode
 from eagle3_train.hidden_states.store import check_hidden_states
 from eagle3_train.model.aux_layers import check_layer_order
 from eagle3_train.model.verifier_head import (
@@ -76,7 +77,8 @@ def _run_vocab(cfg, vocab_size: int) -> tuple[Path | None, str, torch.Tensor | N
 def resolve_inputs(cfg, head_shapes_only: bool = False, verifier: Verifier | None = None) -> RunInputs:
     """`head_shapes_only` (dry run): the verifier's embedding and lm_head as meta tensors, no weight data read.
     `verifier`: already resolved by the caller (else from `cfg.verifier` or the inputs' records)."""
-    needed = ("prepared", "hidden_states") if cfg.hidden_states_mode == "offline" else ("prepared",)
+    mode = states_mode(getattr(cfg, "hidden_states_mode", "offline"))
+    needed = ("prepared", "hidden_states") if mode.reads_stored else ("prepared",)
     if not _keeps_source_vocab(cfg):  # finetune_vocab keep uses the source's: --vocab is then optional
         needed = (*needed, "vocab")
     for name in needed:
@@ -87,10 +89,9 @@ def resolve_inputs(cfg, head_shapes_only: bool = False, verifier: Verifier | Non
     prepared_manifest = read_json(pm_path, "prepared data manifest")
     prepared_sha = sha256_file(pm_path)
 
-    mode = getattr(cfg, "hidden_states_mode", "offline")
-    if mode != "offline":
+    if mode.served:
         return _served_inputs(cfg, prepared, prepared_manifest, prepared_sha, head_shapes_only, verifier)
-    hidden = Path(cfg.hidden_states)
+    hidden = mode.states_dir(cfg.hidden_states, cfg.out)
     hm_path = hidden / "manifest.json"
     hidden_manifest = read_json(hm_path, "hidden-states manifest")
 
@@ -139,8 +140,7 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                    f"verifier {verifier.name}", family_of(vcfg).first_aux_layer)
     vpath, vsha, d2t, t2d = _run_vocab(cfg, text["vocab_size"])
-    hidden = Path(cfg.hidden_states or Path(cfg.out) / "hidden_states") if cfg.hidden_states_mode == "hybrid" \
-        else Path("")
+    hidden = states_mode(cfg.hidden_states_mode).states_dir(cfg.hidden_states, cfg.out)  # hybrid's store, or none
     manifest = {"layer_ids": list(layer_ids), "dtype": cfg.hidden_states_dtype, "mode": cfg.hidden_states_mode}
     # No manifest hash: online states are not stored, hybrid ones are still being written (resume checks the
     # prepared data, vocab and settings).

@@ -19,6 +19,7 @@ import torch
 
 from eagle3_train.assets.verifier import Verifier
 from eagle3_train.checkpoints import native as ckpt
+from eagle3_train.hidden_states.modes import states_mode
 from eagle3_train.model.ttt_attention import select_kernel
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.settings.train import TrainConfig
@@ -354,7 +355,7 @@ class Trainer:
             # Online/hybrid: the next steps' hidden states are requested while this one trains.
             steps = [plan[i:i + mps] for i in range(self.batch_in_epoch, usable - mps + 1, mps)]
             feed = Prefetcher(self.fetch_step, steps,
-                              cfg.prefetch if cfg.hidden_states_mode != "offline" else 0)
+                              cfg.prefetch if states_mode(cfg.hidden_states_mode).served else 0)
             try:
                 while self.batch_in_epoch + mps <= usable and self.step < stop_at:
                     window = self._one_step(feed, window, t0, tok0, bar, eval_every, stop_at)
