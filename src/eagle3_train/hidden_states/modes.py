@@ -88,7 +88,7 @@ def _store_manifest(cfg: Any, inputs: Any) -> dict[str, Any]:
     """The hybrid store's manifest, as extract's with the vLLM backend would be."""
     from eagle3_train.hidden_states.manifest import new_manifest
 
-    text = inputs.verifier.config.get("text_config", inputs.verifier.config)
+    text = inputs.verifier.text_config
     settings = {"verifier": inputs.verifier_identity, "backend": "vllm", "layer_ids": list(inputs.layer_ids),
                 "dtype": cfg.hidden_states_dtype, "hidden_size": int(text["hidden_size"]),
                 "num_layers": int(text["num_hidden_layers"]),

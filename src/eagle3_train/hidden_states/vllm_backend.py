@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.model.verifier_head import _NORM_KEYS, load_final_norm
 from eagle3_train.serving.client import (
     ChatPool,
@@ -166,7 +167,7 @@ class VLLMHiddenStates:
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.verifier_dir = Path(verifier_dir)
         config = read_json(self.verifier_dir / "config.json", "verifier config")
-        text = config.get("text_config", config)
+        text = text_config(config)
         self.num_layers, self.hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
         # vLLM's DeepSeek-V2/V3 layers (Kimi's too) divide the residual stream by this in float16 (an overflow guard)
         self.fp16_residual_scale = float(text.get("routed_scaling_factor") or 1.0) if str(

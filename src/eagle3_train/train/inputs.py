@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from eagle3_train.assets.families import family_of
+from eagle3_train.assets.families import family_of, text_config
 from eagle3_train.assets.verifier import Verifier, as_verifier
 from eagle3_train.hidden_states.modes import states_mode
 from eagle3_train.hidden_states.store import check_hidden_states
@@ -104,7 +104,7 @@ def resolve_inputs(cfg, head_shapes_only: bool = False, verifier: Verifier | Non
     check_hidden_states(hidden_manifest, prepared, verifier if recorded_verifier else None, hash_weights=False,
                         require_complete=False, where=f"the hidden states in {hidden}")
     embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
-    vpath, vsha, d2t, t2d = _run_vocab(cfg, vcfg.get("text_config", vcfg)["vocab_size"])
+    vpath, vsha, d2t, t2d = _run_vocab(cfg, text_config(vcfg)["vocab_size"])
     fixed = ",".join(map(str, sorted(set(hidden_manifest["layer_ids"]))))
     layer_ids = check_layer_order(hidden_manifest["layer_ids"], f"hidden states {hm_path}",
                                   f"Extract again: `eagle3-train extract --layer-ids {fixed} --overwrite ...`")
@@ -136,7 +136,7 @@ def _served_inputs(cfg, prepared: Path, prepared_manifest: dict, prepared_sha: s
     verifier = verifier or (as_verifier(cfg.verifier, need) if cfg.verifier else Verifier.from_record(
         prepared_manifest.get("verifier"), f"the prepared data {prepared}", need))
     embed, lm_head, vcfg = _verifier_head(verifier.path, head_shapes_only)
-    text = vcfg.get("text_config", vcfg)
+    text = text_config(vcfg)
     layer_ids = validate_layer_ids(parse_layer_ids(cfg.layer_ids), int(text["num_hidden_layers"]),
                                    f"verifier {verifier.name}", family_of(vcfg).first_aux_layer)
     vpath, vsha, d2t, t2d = _run_vocab(cfg, text["vocab_size"])
