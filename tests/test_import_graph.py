@@ -119,3 +119,34 @@ def test_benchmark_scripts_share_only_common():
             if others := {n for n in names if n in scripts and n != "common"}:
                 borrowed[p.name] = sorted(others)
     assert "common" in scripts and borrowed == {}, borrowed
+
+
+# The tables that may name a draft layer kind: the kinds themselves, their torch side, the MLA module; and the
+# verifier-family table, whose "mla" is the verifier's attention (another axis).
+KIND_TABLES = {"model/layer_kinds.py", "model/architectures.py", "model/mla.py", "assets/families.py"}
+
+
+def _string_constants(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text())
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.value, n.lineno) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_layer_kinds_are_named_only_in_their_tables():
+    """A new draft layer kind is one entry in model/layer_kinds.py and its torch side, not `== "mla"` branches."""
+    from eagle3_train.model.architectures import ARCHITECTURES
+    from eagle3_train.model.layer_kinds import LAYER_KINDS
+
+    assert set(ARCHITECTURES) == set(LAYER_KINDS)
+    named = [f"{p.relative_to(SRC)}:{line}" for p in SRC.rglob("*.py") if str(p.relative_to(SRC)) not in KIND_TABLES
+             for value, line in _string_constants(p) if value == "mla"]
+    assert named == []
+
+
+def test_the_kind_finder_finds_a_branch(tmp_path):
+    branch = tmp_path / "x.py"
+    branch.write_text('"""doc: mla"""\nif cfg.architecture == "mla":\n    pass\n')
+    assert _string_constants(branch) == [("mla", 2)]

@@ -126,7 +126,7 @@ def test_an_mla_export_reads_in_transformers_with_the_rope_width_and_the_name_bo
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
     from eagle3_train.checkpoints.layouts import eagle_config_json
-    from eagle3_train.model.architectures import architecture_from_config
+    from eagle3_train.model.layer_kinds import architecture_from_config
 
     cfg = mla_config()
     config = eagle_config_json(cfg, "bfloat16")

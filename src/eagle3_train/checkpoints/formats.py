@@ -23,8 +23,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from eagle3_train.checkpoints.native import is_run_dir, read_metadata, resolve_checkpoint
-from eagle3_train.model.architectures import architecture_from_config
-from eagle3_train.model.config import MLA_DIMS, DraftConfig, default_aux_layer_ids
+from eagle3_train.model.config import DraftConfig, default_aux_layer_ids
+from eagle3_train.model.layer_kinds import MLA_DIMS, architecture_from_config, layer_kind
 from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map, sha256_file
 
 log = logging.getLogger(__name__)
@@ -452,10 +452,7 @@ def draft_layer_ids(source: str | Path, verifier_num_layers: int, aux_convention
 def _attention_summary(c: DraftConfig) -> dict[str, Any]:
     """The attention fields that describe this layer kind: MLA's ranks and head dims, or Llama's heads x head_dim
     (an MLA draft's `head_dim` is not a width any of its projections has)."""
-    if c.architecture == "mla":
-        return {"num_attention_heads": c.num_attention_heads, **{k: getattr(c, k) for k in MLA_DIMS}}
-    return {"num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim}
+    return {f: getattr(c, f) for f in layer_kind(c.architecture).summary_fields}
 
 
 def source_summary(loaded: LoadedDraft) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.utils.io import Eagle3InputError
 
 SPECULATORS_VERSION = "0.9.0"  # the speculators format version whose config layout we write
@@ -23,7 +24,7 @@ def _layer_fields(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
     rope_scaling = {**cfg.rope_scaling, "rope_type": rope_parameters["rope_type"]} if cfg.rope_scaling else None
     arch = architecture_of(cfg)
     return {
-        "model_type": arch.model_type,
+        "model_type": arch.kind.model_type,
         "hidden_size": cfg.hidden_size,
         "num_attention_heads": cfg.num_attention_heads,
         **arch.config_fields(cfg),
@@ -49,7 +50,7 @@ def _aux_ids(cfg: DraftConfig) -> list[int] | None:
 
 
 def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
-    c: dict[str, Any] = {"architectures": [architecture_of(cfg).eagle_class], **_layer_fields(cfg, dtype)}
+    c: dict[str, Any] = {"architectures": [layer_kind(cfg.architecture).eagle_class], **_layer_fields(cfg, dtype)}
     c["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size and cfg.target_hidden_size != cfg.hidden_size:
         c["target_hidden_size"] = cfg.target_hidden_size
@@ -68,7 +69,7 @@ def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
 
 def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: int,
                             verifier_name_or_path: str) -> dict[str, Any]:
-    if not architecture_of(cfg).speculators_format:
+    if not layer_kind(cfg.architecture).speculators_format:
         raise Eagle3InputError(f"the speculators format describes Llama-layer drafts only; this draft's layer is "
                                f"{cfg.architecture!r}: export it with --format eagle (vLLM loads it)")
     layer = _layer_fields(cfg, dtype)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from eagle3_train.checkpoints.formats import AmbiguousAuxIds, load_draft_source, source_summary
-from eagle3_train.model.config import describe_mla
 from eagle3_train.model.engines import engine_support, format_support
+from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.utils.io import sha256_file
 
 MAX_DEPTH = 100  # a lineage longer than this is a cycle in hand-edited metadata
@@ -120,8 +120,7 @@ def format_report(info: dict[str, Any]) -> str:
     if s.get("architectures"):
         lines.append(f"  architectures: {', '.join(s['architectures'])}"
                      + (f" (speculators {s['speculators_version']})" if s.get("speculators_version") else ""))
-    attention = describe_mla(s) if s.get("architecture") == "mla" else \
-        f"{s['num_attention_heads']} heads / {s['num_key_value_heads']} kv heads x {s['head_dim']}"
+    attention = layer_kind(s.get("architecture") or "llama").describe(s)
     lines.append(f"  shape: hidden {s['hidden_size']}, {s['num_layers']} layer(s), intermediate "
                  f"{s['intermediate_size']}, {attention}, rope_theta {s['rope_theta']}"
                  + (f", rope_scaling {s['rope_scaling']}" if s.get("rope_scaling") else ""))

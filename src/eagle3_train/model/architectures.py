@@ -1,13 +1,6 @@
-"""The draft's decoder-layer kinds, one entry each: its attention module, its RoPE, the names and shapes of its
-attention tensors, and what an exported config.json must say for the engines to build it. The model, the exporter,
-the format readers and the dry run read this table; nothing else knows which kinds exist.
-
-- `llama`: grouped-query attention (`LlamaForCausalLMEagle3`, served by vLLM's llama_eagle3.py and SGLang).
-- `mla`: DeepSeek-V3's multi-head latent attention with a dense MLP (`Eagle3DeepseekV3ForCausalLM`, vLLM's
-  deepseek_eagle3.py): the drafts vLLM recommends for Kimi-K2.5. vLLM picks its MLA path from the draft config's
-  `model_type`: `kimi_k2` is in vLLM 0.32's MLA list (and maps to DeepseekV3Config); `deepseek_v3` is not usable on a
-  draft there (vLLM rewrites it into its DeepSeek-MTP model).
-"""
+"""Each draft layer kind's torch side, one entry per `model/layer_kinds.py` entry: its attention module, its RoPE, the
+names and shapes of its attention tensors, the layer fields an exported config.json carries and the activations its
+attention keeps (the memory planner's model). The model, the exporter, the format readers and the planner read it."""
 
 from __future__ import annotations
 
@@ -20,6 +13,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from eagle3_train.model.attention import DraftAttention, TTTAttention, llama_config
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.layer_kinds import LAYER_KINDS, LayerKind
 from eagle3_train.model.mla import MLAAttention, mla_rotary
 
 Shapes = dict[str, tuple[int, ...]]
@@ -27,18 +21,14 @@ Shapes = dict[str, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class DraftArchitecture:
-    name: str
-    eagle_class: str  # config.json "architectures" of the EAGLE format
-    model_type: str
+    kind: LayerKind  # what it is without torch: names, engines, checks
     attention: Callable[[DraftConfig, int], TTTAttention]  # (config, input width) -> the layer's attention
     rotary: Callable[[DraftConfig], nn.Module]
     attention_shapes: Callable[[DraftConfig, int], Shapes]  # names under `self_attn.`, for an input width
     config_fields: Callable[[DraftConfig], dict[str, Any]]  # the layer's own fields of an exported config.json
-    speculators_format: bool  # the speculators format can describe it
     # per token and layer, the elements attention keeps for backward (the memory planner's model): q, k, v and the
     # SDPA output as SDPA sees them, o_proj's input, and the layer kind's own intermediates ("extra")
     attention_widths: Callable[[DraftConfig], dict[str, int]]
-    also_read: tuple[str, ...] = ()  # other "architectures" names of this layer kind that published drafts carry
 
 
 def _llama_rotary(cfg: DraftConfig) -> nn.Module:
@@ -99,25 +89,12 @@ def _mla_widths(cfg: DraftConfig) -> dict[str, int]:
 
 
 ARCHITECTURES: dict[str, DraftArchitecture] = {
-    "llama": DraftArchitecture("llama", "LlamaForCausalLMEagle3", "llama", DraftAttention, _llama_rotary,
-                               _llama_shapes, _llama_fields, speculators_format=True, attention_widths=_llama_widths),
-    # Eagle3DeepseekV2ForCausalLM: the name both engines register (vLLM maps V3 to it too; SGLang's
-    # kimi_k25_eagle3.py registers V2 only)
-    "mla": DraftArchitecture("mla", "Eagle3DeepseekV2ForCausalLM", "kimi_k2", MLAAttention, mla_rotary,
-                             _mla_shapes, _mla_fields, speculators_format=False, attention_widths=_mla_widths,
-                             also_read=("Eagle3DeepseekV3ForCausalLM",)),
+    "llama": DraftArchitecture(LAYER_KINDS["llama"], DraftAttention, _llama_rotary, _llama_shapes, _llama_fields,
+                               attention_widths=_llama_widths),
+    "mla": DraftArchitecture(LAYER_KINDS["mla"], MLAAttention, mla_rotary, _mla_shapes, _mla_fields,
+                             attention_widths=_mla_widths),
 }
 
 
 def architecture_of(cfg: DraftConfig) -> DraftArchitecture:
     return ARCHITECTURES[cfg.architecture]
-
-
-def architecture_from_config(config: dict[str, Any]) -> str:
-    """The layer kind an exported draft's config.json describes (its `architectures`, else its MLA fields)."""
-    names = config.get("architectures") or []
-    for arch in ARCHITECTURES.values():
-        if arch.eagle_class in names or any(n in names for n in arch.also_read):
-            return arch.name
-    layer = config.get("transformer_layer_config") or config
-    return "mla" if layer.get("kv_lora_rank") else "llama"

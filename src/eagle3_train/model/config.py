@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3_train.assets.families import text_config
 from eagle3_train.model.aux_layers import check_layer_order, default_layer_ids
+from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -19,15 +20,6 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     and L-3 (= HF hidden_states[i]), whatever L (they collide below 7 layers). What extract and train tap by default
     is `default_layer_ids`, the same from 7 layers on; exports write the ids whenever the two differ."""
     return (2, num_layers // 2, num_layers - 3)
-
-
-MLA_DIMS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
-
-def describe_mla(d: dict) -> str:
-    """An MLA layer's attention in one phrase, from a dict holding its head count and MLA_DIMS (plan, inspect)."""
-    return (f"MLA {d['num_attention_heads']} heads (q_lora {d['q_lora_rank']}, kv_lora {d['kv_lora_rank']}, "
-            f"qk {d['qk_nope_head_dim']}+{d['qk_rope_head_dim']}, v {d['v_head_dim']})")
 
 
 @dataclass
@@ -82,21 +74,10 @@ class DraftConfig:
             check_layer_order(self.aux_layer_ids, "draft config")
         if self.norm_before_fc and self.fc_norm:
             raise Eagle3InputError("norm_before_fc and fc_norm are mutually exclusive")
-        if self.norm_before_fc and self.architecture == "mla":
-            # vLLM's deepseek_eagle3.py (0.32) has fc_norm and norm_output but no norm over the concatenated taps:
-            # such a draft would be served without the norm it was trained with
-            raise Eagle3InputError("norm_before_fc is not served on an MLA draft (vLLM's deepseek_eagle3.py has no "
-                                   "norm over the concatenated aux states): use fc_norm (one norm per aux state), "
-                                   "which it serves")
         if self.num_attention_heads % self.num_key_value_heads:
             raise Eagle3InputError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                                    f"num_key_value_heads {self.num_key_value_heads}")
-        if self.architecture not in ("llama", "mla"):
-            raise Eagle3InputError(f"draft architecture must be llama or mla, got {self.architecture!r}")
-        if self.architecture == "mla" and not all((self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim,
-                                                    self.qk_nope_head_dim is not None)):
-            raise Eagle3InputError("an mla draft needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and "
-                                   "v_head_dim (from an MLA verifier's config, or given)")
+        layer_kind(self.architecture).check(self)
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise Eagle3InputError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
 
@@ -133,8 +114,9 @@ class DraftConfig:
             verifier={"architectures": verifier_config.get("architectures"),
                       "model_type": verifier_config.get("model_type")},
         )
-        if overrides.get("architecture") == "mla":  # the latent dims default to the verifier's own MLA
-            kw.update({k: c.get(k) for k in MLA_DIMS if c.get(k) is not None})
+        # a kind's own dims (MLA's latent ranks) default to the verifier's
+        kind = layer_kind(overrides.get("architecture") or "llama")
+        kw.update({k: c.get(k) for k in kind.dims if c.get(k) is not None})
         kw.update(width)
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
@@ -233,7 +215,7 @@ def _width(c: dict[str, Any], hidden_size: int | None, architecture: str | None)
         return {}
     out: dict[str, Any] = {"hidden_size": hidden_size, "target_hidden_size": H,
                            "intermediate_size": max(1, round(c["intermediate_size"] * hidden_size / H))}
-    if architecture != "mla":
+    if not layer_kind(architecture or "llama").keeps_verifier_heads:
         head_dim = c.get("head_dim") or H // c["num_attention_heads"]
         if hidden_size % head_dim:
             raise Eagle3InputError(f"draft hidden_size {hidden_size} must be a multiple of the verifier's head_dim "

@@ -17,10 +17,10 @@ it applies of a draft's options; `python -m eagle3_train.model.engines --markdow
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Any, get_args
 
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.layer_kinds import LAYER_KINDS, SGLANG_READ, SGLangLoader, layer_kind
 from eagle3_train.settings import Engine
 
 ENGINES = get_args(Engine)
@@ -33,34 +33,8 @@ _VLLM_MODEL_CODE_NEEDS = {"fc_norm": "vLLM PR #42764", "norm_output": "vLLM PR #
 _EAGLE31 = ("norm_before_fc", "fc_norm", "norm_output")
 # option -> the SGLang change from which its loader reads it (older releases ignore it)
 _SGLANG_NEEDS = {"norm_output": "SGLang PR #24663 (cited by SpecForge PR #879)"}
-SGLANG_READ = "0.5.23 (PyPI wheel, 2026-10-30)"  # the release whose loaders SGLANG_LOADERS describes
-
-
-@dataclass(frozen=True)
-class SGLangLoader:
-    """One SGLang EAGLE-3 draft loader, as its source reads a draft (python/sglang/srt/models/FILE)."""
-    architecture: str  # its EntryClass: the `architectures` name that selects it
-    file: str
-    layer: str  # llama | mla: the draft layer it builds
-    max_layers: int | None  # decoder layers it builds (None: any)
-    applies: frozenset[str]  # options it reads and applies when true
-    ignores: dict[str, str]  # option -> what it does instead
-    aux_ids: str  # how it takes eagle_config's aux layer ids
-
-
-SGLANG_LOADERS: dict[str, SGLangLoader] = {lo.layer: lo for lo in (
-    SGLangLoader("LlamaForCausalLMEagle3", "llama_eagle3.py", "llama", None,
-                 frozenset({"norm_before_fc", "fc_norm", "norm_output", "target_hidden_size"}),
-                 {"norm_before_residual": "implements false only (the residual is taken before hidden_norm)"},
-                 "eagle_config only, as outputs of layer i (its Llama/Qwen targets capture at layer i + 1)"),
-    SGLangLoader("Eagle3DeepseekV2ForCausalLM", "kimi_k25_eagle3.py", "mla", 1,
-                 frozenset({"fc_norm", "norm_output", "target_hidden_size"}),
-                 {"norm_before_residual": "implements false only",
-                  "norm_before_fc": "has no norm over the concatenated taps (an input_norm weight is skipped with a "
-                                    "warning)"},
-                 "eagle_config first; its DeepSeek target captures at layer i itself (inputs of layer i) unless the "
-                 "first id is 1, then at i + 1 (PR #25454, 0.5.13; 0.5.4.post3-0.5.12: always i + 1)"),
-)}
+# the SGLang loader of each layer kind (model/layer_kinds.py), by kind name
+SGLANG_LOADERS: dict[str, SGLangLoader] = {k.name: k.sglang for k in LAYER_KINDS.values()}
 
 
 def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None,
@@ -69,10 +43,9 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
     `aux_ids_origin`: where a published draft's config keeps its aux layer ids (our exports write vLLM's key);
     `model_type`: the layer's model_type as a published draft's config spells it (our exports write kimi_k2)."""
     vllm: list[str] = []
-    if cfg.architecture == "mla" and model_type == "deepseek_v3":
-        vllm.append("model_type deepseek_v3: vLLM (0.32) rewrites a deepseek_v3 draft into its DeepSeek-MTP model "
-                    "instead of deepseek_eagle3.py, so it does not serve it as an EAGLE-3 draft (finetune and export "
-                    "it: the export writes kimi_k2, which vLLM serves as one)")
+    kind = layer_kind(cfg.architecture)
+    if model_type in kind.vllm_refused_model_types:
+        vllm.append(kind.vllm_refused_model_types[model_type])
     if aux_ids_origin == "nested":  # SGLang's output-of-layer ids, which vLLM (0.32 read) takes as input-of-layer
         vllm.append(f"its aux layer ids are only in eagle_config ({[i - 1 for i in cfg.aux_layer_ids]}, SGLang's "
                     f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "
@@ -84,10 +57,8 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
         needs = [f"{o}: {_VLLM_SPECULATORS_NEEDS[o]}" for o in _EAGLE31 if getattr(cfg, o)]
     else:  # the EAGLE format: the model code reads the config, but read these two only from #42764 on
         needs = [f"{o}: {_VLLM_MODEL_CODE_NEEDS[o]}" for o in _VLLM_MODEL_CODE_NEEDS if getattr(cfg, o)]
-    if cfg.architecture == "mla":
-        # vLLM takes the MLA path for a draft by its model_type (kimi_k2 here; deepseek_v3 becomes DeepSeek-MTP)
-        needs.append("mla layer: deepseek_eagle3.py and kimi_k2 among the MLA model types (both in 0.32); on CPU "
-                     "builds only beside an MLA verifier")
+    if kind.vllm_needs:
+        needs.append(kind.vllm_needs)
     return {
         "vllm": {"serves_as_trained": not vllm, "reasons": vllm, "verified_with": VLLM_VERIFIED,
                  "older_releases_need": needs},
@@ -99,7 +70,7 @@ def sglang_reasons(cfg: DraftConfig, fmt: str) -> list[str]:
     """Why SGLang (the release read: `SGLANG_READ`) would serve this draft otherwise than it was trained."""
     if fmt == "speculators":
         return ["SGLang does not read the speculators format (export --format eagle)"]
-    loader = SGLANG_LOADERS[cfg.architecture]
+    loader = layer_kind(cfg.architecture).sglang
     where = f"SGLang's {loader.file} ({loader.architecture}, {SGLANG_READ})"
     reasons = []
     if loader.max_layers is not None and cfg.num_layers > loader.max_layers:
@@ -108,7 +79,7 @@ def sglang_reasons(cfg: DraftConfig, fmt: str) -> list[str]:
         if getattr(cfg, option):
             reasons.append(f"{option}=true: {where} {instead}")
     nested = [i - 1 for i in cfg.aux_layer_ids]  # what the export writes in eagle_config: outputs of layer i
-    if loader.layer == "mla" and nested and nested[0] != 1:
+    if loader.shifts_unless_first_is_one and nested and nested[0] != 1:
         # SGLang 0.5.4.post3-0.5.12 added 1 to every id; #25454 (0.5.13) adds it only when the first id is 1
         reasons.append(f"aux layers: the export's eagle_config ids {nested} (outputs of those layers = inputs "
                        f"of {list(cfg.aux_layer_ids)}) are taken by SGLang's DeepSeek target from 0.5.13 on (PR "
@@ -122,10 +93,10 @@ def markdown_table() -> str:
     options = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "target_hidden_size")
     rows = [f"| loader (`architectures`) | file | layer | layers | {' | '.join(f'`{o}`' for o in options)} | aux ids |",
             "|---|---|---|---|" + "---|" * len(options) + "---|"]
-    for lo in SGLANG_LOADERS.values():
+    for layer, lo in SGLANG_LOADERS.items():
         cells = ["applied" if o in lo.applies else f"ignored: {lo.ignores[o]}" if o in lo.ignores else "?"
                  for o in options]
-        rows.append(f"| `{lo.architecture}` | `{lo.file}` | {lo.layer} | {lo.max_layers or 'any'} | "
+        rows.append(f"| `{lo.architecture}` | `{lo.file}` | {layer} | {lo.max_layers or 'any'} | "
                     f"{' | '.join(cells)} | {lo.aux_ids} |")
     return "\n".join(rows)
 

@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from eagle3_train.assets.families import text_config
-from eagle3_train.model.config import MLA_DIMS
+from eagle3_train.model.layer_kinds import MLA_DIMS
 from eagle3_train.plan.memory import (
     DEFAULT_DRAFT_VOCAB,
     FP8,

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagle3_train.model.config import describe_mla
+from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.plan.memory import GB, TB
 
 
@@ -47,8 +47,7 @@ def fmt_count(n: int) -> str:
 def format_plan(p: Plan) -> str:
     s, d, pr, hs, m, b = p.settings, p.draft, p.parameters, p.hidden_states, p.memory, p.batch
     v = p.verifier
-    attention = describe_mla(d) if d.get("architecture") == "mla" else \
-        f"heads {d['num_attention_heads']}/{d['num_key_value_heads']} x {d['head_dim']}"
+    attention = layer_kind(d.get("architecture") or "llama").describe(d)
     lines = [
         f"verifier  {v['config']}: {v['model_type']} {v['architectures']}, hidden {v['hidden_size']}, "
         f"{v['num_hidden_layers']} layers, vocab {v['vocab_size']}",

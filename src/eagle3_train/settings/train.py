@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
+from eagle3_train.model.layer_kinds import NAMES
 from eagle3_train.utils.settings import check_ranges, setting
 
 # shared with extract's settings (settings.py)
@@ -121,9 +122,10 @@ class TrainConfig:
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")
     # draft architecture
-    architecture: Literal["llama", "mla"] = setting(
+    architecture: str = setting(
         "llama", "draft decoder layer: llama (grouped-query attention; vLLM and SGLang) or mla (DeepSeek-V3's latent "
-        "attention with the verifier's MLA dims, as the Kimi-K2.5 MLA drafts; vLLM, beside an MLA verifier)")
+        "attention with the verifier's MLA dims, as the Kimi-K2.5 MLA drafts; vLLM, beside an MLA verifier)",
+        choices=NAMES)
     num_layers: int = setting(1, "draft decoder layers (SGLang's MLA loader builds only 1)", valid=">= 1")
     hidden_size: int | None = setting(
         None, "draft width below (or above) the verifier's, e.g. 2560 under 7168 (default: the verifier's): fc "

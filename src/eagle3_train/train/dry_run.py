@@ -26,9 +26,9 @@ from eagle3_train.assets.families import text_config
 from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_source, read_aux_ids
 from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
 from eagle3_train.hidden_states.modes import states_mode
-from eagle3_train.model.architectures import architecture_of
-from eagle3_train.model.config import MLA_DIMS, default_aux_layer_ids
+from eagle3_train.model.config import default_aux_layer_ids
 from eagle3_train.model.engines import engine_support, format_support
+from eagle3_train.model.layer_kinds import MLA_DIMS, layer_kind
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.batching import plan_batches
@@ -196,7 +196,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
                                f"{header['t2d']['dtype']}")
     layer = config if fmt == "eagle" else config["transformer_layer_config"]
     if fmt == "eagle":
-        arch = architecture_of(cfg)
+        arch = layer_kind(cfg.architecture)
         if config["architectures"] != [arch.eagle_class] or config["model_type"] != arch.model_type or \
                 config["tie_word_embeddings"] is not False:
             raise Eagle3InputError(f"{where}: the engines need architectures [{arch.eagle_class}], model_type "
@@ -225,7 +225,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
     for f in ("architecture", *MLA_DIMS, "hidden_size", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size", "rope_theta",
               "norm_before_residual", "norm_before_fc"):
-        if f == "head_dim" and cfg.architecture == "mla":
+        if f == "head_dim" and f not in layer_kind(cfg.architecture).summary_fields:
             continue  # no dimension of an MLA layer: exported as the rotary width HF readers build (architectures)
         if getattr(loaded.config, f) != getattr(cfg, f):
             raise Eagle3InputError(f"{where}: read back, {f} is {getattr(loaded.config, f)} instead of "
@@ -348,7 +348,7 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
 def _header_only_exports(model, d2t, t2d, root: Path, inputs, num_layers: int, checked: list[str]) -> dict[str, Any]:
     """Write each export format header-only and check it as the engines' loaders read it."""
     exports: dict[str, Any] = {}
-    formats = ("eagle", "speculators") if architecture_of(model.config).speculators_format else ("eagle",)
+    formats = ("eagle", "speculators") if layer_kind(model.config.architecture).speculators_format else ("eagle",)
     for fmt in formats:
         d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier.name)
         checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, num_layers)

@@ -44,7 +44,7 @@ from eagle3_train.checkpoints.formats import (
     load_tensor_data,
     source_summary,
 )
-from eagle3_train.model.config import MLA_DIMS
+from eagle3_train.model.layer_kinds import MLA_DIMS
 from eagle3_train.utils.finite import check_finite
 from eagle3_train.utils.io import Eagle3InputError
 
