@@ -34,7 +34,13 @@ def _peak_rss_gib() -> float:
 
 
 def part_dry_run(work: Path) -> dict:
-    from kimi_layouts import LAYERS, kimi_train_config, write_aq_medai_draft, write_kimi_verifier, write_run_inputs
+    from support.kimi_layouts import (
+        LAYERS,
+        kimi_train_config,
+        write_aq_medai_draft,
+        write_kimi_verifier,
+        write_run_inputs,
+    )
 
     from eagle3_train.train.dry_run import dry_run, format_report
 
@@ -59,7 +65,7 @@ def part_dry_run(work: Path) -> dict:
 
 def part_fwd_bwd(work: Path) -> dict:
     import torch
-    from kimi_layouts import kimi_train_config, write_kimi_verifier, write_run_inputs
+    from support.kimi_layouts import kimi_train_config, write_kimi_verifier, write_run_inputs
 
     from eagle3_train.train.trainer import Trainer
 

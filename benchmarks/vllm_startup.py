@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from vllm_helpers import write_random_eagle3_draft  # noqa: E402
+from support.vllm_helpers import write_random_eagle3_draft  # noqa: E402
 
 from eagle3_train.assets.verifier import resolve_verifier  # noqa: E402
 from eagle3_train.serving.vllm_options import speculative_config  # noqa: E402

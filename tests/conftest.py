@@ -12,11 +12,11 @@
   Example: `tiny_llama_dir(num_hidden_layers=6, tie_word_embeddings=False)`. Keep `vocab_size` >= 49152 when
   feeding it text from the tokenizer (a smaller vocabulary cannot embed every token id it produces).
 
-- `head`, `vocab_a`, `ref` (session), `inputs` (per test): the published-layout reference of tests/draft_layouts.py,
+- `head`, `vocab_a`, `ref` (session), `inputs` (per test): the published-layout reference of support/draft_layouts.py,
   shared by the finetune, aux-layer, inspect and output-directory tests (at SmolLM2's dimensions it takes seconds to
   build): a random bf16-exact (embedding, lm_head) pair standing in for SmolLM2's, a 2048-token draft vocabulary
   (d2t, t2d) drawn with seed 1, the reference draft on them with default flags, and the RunInputs of a run on them.
-  Treat them as read-only; a module needing another reference overrides `ref` (tests/test_inspect.py).
+  Treat them as read-only; a module needing another reference overrides `ref` (tests/unit/test_inspect.py).
 
 Tests not marked `slow` run on one intra-op thread (see `pytest_runtest_setup`). `train.precision: auto` resolves to
 fp32 on every CPU in tests (EAGLE3_TRAIN_CPU_BF16=0, inherited by the subprocesses they start), so that results do not
@@ -34,7 +34,7 @@ import pytest
 
 os.environ.setdefault("EAGLE3_TRAIN_CPU_BF16", "0")
 # MKL may otherwise run a GEMM on fewer threads than asked, differently in each process: a subprocess's result would
-# then differ in the last bits from the in-process side of a bit-exact comparison on Intel hosts (tests/numerics.py).
+# then differ in the last bits from the in-process side of a bit-exact comparison on Intel hosts (support/numerics.py).
 os.environ.setdefault("MKL_DYNAMIC", "FALSE")
 
 TINY_LLAMA_CONFIG = {
@@ -119,8 +119,8 @@ def tiny_llama_dir(tmp_path_factory, smollm2_dir):
 @pytest.fixture(scope="session")
 def tiny_stages(tmp_path_factory, tiny_llama_dir):
     """(root, verifier): real prepare/vocab/extract outputs for a tiny random Llama whose large init scale gives
-    peaked next-token distributions (something to learn). See tests/stage_helpers.py."""
-    from stage_helpers import build_stages
+    peaked next-token distributions (something to learn). See tests/support/stage_helpers.py."""
+    from support.stage_helpers import build_stages
 
     verifier = tiny_llama_dir(initializer_range=0.5)
     return build_stages(tmp_path_factory.mktemp("tiny-stages"), verifier), verifier
@@ -128,27 +128,27 @@ def tiny_stages(tmp_path_factory, tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def head():
-    from draft_layouts import verifier_head
+    from support.draft_layouts import verifier_head
 
     return verifier_head()
 
 
 @pytest.fixture(scope="session")
 def vocab_a():
-    from draft_layouts import VD, random_token_ids, vocab_from_ids
+    from support.draft_layouts import VD, random_token_ids, vocab_from_ids
 
     return vocab_from_ids(random_token_ids(VD, seed=1))
 
 
 @pytest.fixture(scope="session")
 def ref(head, vocab_a):
-    from draft_layouts import reference_draft
+    from support.draft_layouts import reference_draft
 
     return reference_draft(head[0], vocab_a)
 
 
 @pytest.fixture
 def inputs(tmp_path, head, vocab_a):
-    from draft_layouts import make_inputs
+    from support.draft_layouts import make_inputs
 
     return make_inputs(tmp_path, head[0], head[1], vocab_a)

@@ -79,7 +79,7 @@ def _llama_widths(cfg: DraftConfig) -> dict[str, int]:
 def _mla_widths(cfg: DraftConfig) -> dict[str, int]:
     """Training expands the latent into every head and pads the values to the query width (model/mla.py); the
     extras: the query LoRA's output and norm, the latent and its norm, and q_b's output (RoPE reads its slices)
-    (checked in tests/test_plan.py against what autograd keeps)."""
+    (checked in tests/unit/test_plan.py against what autograd keeps)."""
     heads = cfg.num_attention_heads
     qk = heads * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
     q_lora = 3 * cfg.q_lora_rank if cfg.q_lora_rank else 0

@@ -79,7 +79,7 @@ def plan(s: PlanSettings) -> Plan:
     tied = bool(vcfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     params = count_parameters(model)
     # the dtype the trainer holds the frozen embedding and lm_head in (`train.precision.verifier_tensor_dtype`,
-    # applied in train/trainer.py `_setup_model`; tests/test_plan.py keeps the two equal)
+    # applied in train/trainer.py `_setup_model`; tests/unit/test_plan.py keeps the two equal)
     frozen_bytes = FROZEN_BYTES[s.precision]
     H = draft_cfg.aux_hidden_size
     g = geometry(s)

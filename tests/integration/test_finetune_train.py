@@ -1,0 +1,74 @@
+"""Finetuning through the real pipeline: prepare -> vocab -> extract on a tiny random Llama, train, export, finetune."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from support.stage_helpers import train_config
+
+from eagle3_train.export.exporter import export
+from eagle3_train.export.inspect import inspect_checkpoint
+from eagle3_train.train.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stages(tiny_stages):
+    return tiny_stages
+
+
+config = train_config
+
+
+def test_finetune_from_our_export_starts_where_the_source_ended(stages, tmp_path):
+    root, verifier = stages
+    flags = {"norm_before_residual": True, "norm_before_fc": True, "norm_output": True}
+    source = train(config(root, tmp_path / "a", max_steps=6, **flags))
+    export(tmp_path / "a", tmp_path / "export", fmt="speculators", dtype="float32", verifier=str(verifier))
+    # lr 0: the finetune run's only step changes nothing, so it must validate exactly like the source's last step.
+    again = train(config(root, tmp_path / "b", max_steps=1, lr=0.0, finetune_from=str(tmp_path / "export")))
+    assert again["validation"] == pytest.approx(source["validation"], rel=1e-6, abs=1e-6)
+    a = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    meta = json.loads((tmp_path / "b" / "training_metadata.json").read_text())
+    assert all(meta["draft_config"][k] is v for k, v in flags.items())  # the source's wiring, not the run's defaults
+    init = meta["init"]
+    assert init["method"] == "finetune" and init["format"] == "speculators" and init["keys"]["missing"] == []
+    assert init["source_metadata"]["init"]["method"] == "random"
+    chain = inspect_checkpoint(tmp_path / "b")["lineage"]
+    assert [e.get("run") for e in chain] == [str(tmp_path / "b"), str(tmp_path / "a")]
+
+
+def test_finetune_with_a_rebuilt_smaller_vocabulary_trains(stages, tmp_path):
+    root, _ = stages
+    train(config(root, tmp_path / "a", max_steps=4))
+    result = train(config(root, tmp_path / "b", max_steps=3, vocab=str(root / "vocab-small"),
+                          finetune_from=str(tmp_path / "a"), finetune_vocab="rebuild"))
+    assert result["step"] == 3
+    meta = json.loads((tmp_path / "b" / "training_metadata.json").read_text())
+    overlap = meta["init"]["vocab_overlap"]
+    assert meta["draft_config"]["draft_vocab_size"] == 700 == overlap["run_draft_vocab_size"]
+    # Both vocabularies are the most frequent tokens of the same data: the smaller one lies inside the larger.
+    assert overlap["shared_tokens"] == 700 and overlap["source_draft_vocab_size"] == 1024
+
+
+def test_finetune_keeping_the_sources_vocabulary_needs_no_vocab(stages, tmp_path):
+    """finetune_vocab keep uses the source's d2t/t2d: a run vocabulary is then optional (it was required, and unused);
+    rebuild still needs one, by name."""
+    root, _ = stages
+    train(config(root, tmp_path / "a", max_steps=2))
+    result = train(config(root, tmp_path / "b", max_steps=2, vocab="", finetune_from=str(tmp_path / "a")))
+    assert result["step"] == 2
+    meta = json.loads((tmp_path / "b" / "training_metadata.json").read_text())
+    assert meta["vocab"]["origin"].startswith("finetune source") and meta["vocab"]["run_vocab_not_used"] is None
+    assert meta["init"]["vocab_overlap"]["shared_tokens"] is None
+    from eagle3_train.utils.io import Eagle3InputError
+
+    with pytest.raises(Eagle3InputError, match="train.vocab is required"):
+        train(config(root, tmp_path / "c", max_steps=2, vocab="", finetune_from=str(tmp_path / "a"),
+                     finetune_vocab="rebuild"))
