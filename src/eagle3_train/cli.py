@@ -16,7 +16,7 @@ from eagle3_train import __version__
 from eagle3_train.utils.io import Eagle3InputError
 
 # subcommand -> (module, one-line help). Modules are imported only for the chosen subcommand.
-STAGES: dict[str, tuple[str, str]] = {
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("eagle3_train.pipeline", "run the whole pipeline from a YAML config (the README's main job)"),
     "convert-verifier": ("eagle3_train.assets.verifier", "make a plain HF checkpoint of a verifier (GGUF or HF)"),
     "prepare": ("eagle3_train.data.prepare", "tokenize conversations with the chat template and a loss mask"),
@@ -39,7 +39,7 @@ _NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
 
 def chosen_stage(argv: list[str]) -> str | None:
     """The subcommand named in `argv`, before parsing (only its module's arguments are added)."""
-    return next((a for a in argv if a in STAGES), None)
+    return next((a for a in argv if a in SUBCOMMANDS), None)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -48,7 +48,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     chosen = chosen_stage(argv)
-    for name, (module, help_) in STAGES.items():
+    for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.stage:
         parser.print_help()
         return 2
-    module = importlib.import_module(STAGES[args.stage][0])
+    module = importlib.import_module(SUBCOMMANDS[args.stage][0])
     try:
         result = module.main(args)
     except Eagle3InputError as e:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from eagle3_train import __version__, settings
-from eagle3_train.cli import STAGES, build_parser
+from eagle3_train.cli import SUBCOMMANDS, build_parser
 from eagle3_train.cli import main as cli_main
 from eagle3_train.pipeline import Pipeline
 from eagle3_train.pipeline.config import merged_config
@@ -38,7 +38,7 @@ PARSERS = {**COMMANDS, ("run",): settings.RunSettings}
 
 def stage_parser(command: tuple[str, ...]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    importlib.import_module(STAGES[command[0]][0]).add_arguments(p)
+    importlib.import_module(SUBCOMMANDS[command[0]][0]).add_arguments(p)
     for sub in command[1:]:
         action = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
         p = action.choices[sub]
@@ -74,7 +74,7 @@ def settings_choices(cls: type, name: str):
 
 def test_stage_modules_write_no_flag_defaults_of_their_own():
     for command in PARSERS:
-        module = importlib.import_module(STAGES[command[0]][0])
+        module = importlib.import_module(SUBCOMMANDS[command[0]][0])
         source = inspect.getsource(module.add_arguments)
         assert not re.search(r"default=(?!\[\])", source), \
             f"{module.__name__}.add_arguments sets a default: use the dataclass"

@@ -39,7 +39,7 @@ from eagle3_train.settings.common import (
 )
 from eagle3_train.settings.plan import PlanSettings
 from eagle3_train.settings.train import AUX_CONVENTION_HELP, HS_DIR_HELP, AuxConvention, TrainConfig
-from eagle3_train.utils.outputs import STAGES as OUTPUT_STAGES
+from eagle3_train.utils.outputs import OUTPUT_WRITERS
 from eagle3_train.utils.settings import markdown_table, setting
 
 
@@ -235,7 +235,7 @@ class ExportSettings:
 class AdoptSettings:
     directory: str = setting("", "an output directory with no listing marker (an earlier version's output, or a "
                                  "copy made without its dot files)", positional=True, yaml=False)
-    output_of: str = setting("", "the stage whose output it is: " + ", ".join(OUTPUT_STAGES), required=True,
+    output_of: str = setting("", "the stage whose output it is: " + ", ".join(OUTPUT_WRITERS), required=True,
                              flag="--stage")
 
 

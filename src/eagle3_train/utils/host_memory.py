@@ -28,7 +28,7 @@ MALLOC_ENV = "EAGLE3_TRAIN_MALLOC"  # "system": keep the C library's malloc; "tc
 _PRELOAD_BEFORE = "_EAGLE3_TRAIN_PRELOAD_BEFORE"
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE = "16"
-STAGES = ("train", "extract", "run")
+BUDGETED_STAGES = ("train", "extract", "run")
 
 
 def tcmalloc_library() -> str | None:
@@ -72,7 +72,7 @@ def prepare_process(stage: str | None, argv: list[str]) -> None:
             os.environ["LD_PRELOAD"] = before
         else:
             os.environ.pop("LD_PRELOAD", None)
-    if stage not in STAGES:
+    if stage not in BUDGETED_STAGES:
         return
     env = compute_env(os.environ)
     if env.get("LD_PRELOAD", "") == os.environ.get("LD_PRELOAD", ""):

@@ -39,7 +39,7 @@ _MARKER_TMP = f"{MARKER}.tmp-"
 _TEMP = ".eagle3-tmp-"  # `.NAME.eagle3-tmp-XXXX`: the directory being written, renamed to NAME when complete
 _BACKUP = ".eagle3-replaced-"  # `.NAME.eagle3-replaced-PID`: the old NAME while the new one takes its place
 # The stages whose outputs carry a marker: what `eagle3-train adopt --stage` takes.
-STAGES = ("prepare", "generate", "vocab", "extract", "train", "checkpoint", "export", "evaluate",
+OUTPUT_WRITERS = ("prepare", "generate", "vocab", "extract", "train", "checkpoint", "export", "evaluate",
           "convert-verifier", "run")
 
 Ownership = Callable[[Path], bool]
@@ -217,8 +217,8 @@ def claim_output_dir(path: str | os.PathLike, stage: str, what: str, recognise: 
 def adopt(path: str | os.PathLike, stage: str) -> list[str]:
     """Take an unmarked directory (an older version's output, a copy without its dot files) as `stage`'s output:
     list every entry it holds in a marker. The user's explicit word; returns the entries listed."""
-    if stage not in STAGES:
-        raise Eagle3InputError(f"--stage must be one of {', '.join(STAGES)}, got {stage!r}")
+    if stage not in OUTPUT_WRITERS:
+        raise Eagle3InputError(f"--stage must be one of {', '.join(OUTPUT_WRITERS)}, got {stage!r}")
     path = _resolve(path)
     if not path.is_dir():
         raise Eagle3InputError(f"{path} is not a directory")
