@@ -18,7 +18,6 @@ import asyncio
 import json
 import logging
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,14 @@ from typing import Any
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.evaluate.report import REPORT_FILES
 from eagle3_train.evaluate.served_regions import THINK_END, measure_regions, think_end_id
-from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected, quiet_http_logs
+from eagle3_train.serving.client import (
+    ChatPool,
+    ContextTooLongError,
+    EndpointUnavailable,
+    FatalRequestError,
+    RequestRejected,
+    quiet_http_logs,
+)
 from eagle3_train.serving.metrics import servers_counters
 from eagle3_train.settings import GenerateSettings, ServedEvalSettings
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, write_json
@@ -217,11 +223,18 @@ def add_served_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _served_model(base_url: str) -> str:
-    with urllib.request.urlopen(base_url.rstrip("/") + "/models", timeout=30) as r:
-        models = [m["id"] for m in json.load(r)["data"]]
-    if len(models) != 1:
-        raise Eagle3InputError(f"{base_url} serves {models}; choose one with --model")
-    return models[0]
+    """The one model `base_url` serves (the client's own lookup, as generate makes it)."""
+    async def only() -> str:
+        pool = ChatPool([base_url], "")
+        try:
+            return await pool.only_model()
+        finally:
+            await pool.aclose()
+
+    try:
+        return asyncio.run(only())
+    except (EndpointUnavailable, FatalRequestError) as e:
+        raise Eagle3InputError(str(e)) from None
 
 
 _OUTPUT = ("evaluate", "evaluation output directory")

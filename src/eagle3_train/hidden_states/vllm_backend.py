@@ -43,6 +43,7 @@ from eagle3_train.serving.client import (
     RequestRejected,
     quiet_http_logs,
 )
+from eagle3_train.serving.metrics import root_url
 from eagle3_train.settings import CONCURRENCY
 from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map
 
@@ -213,8 +214,7 @@ class VLLMHiddenStates:
             if m["id"] == self.model:
                 info.update(root=m["root"], max_model_len=m["max_model_len"])
         self._check_identity(ep.url, info.get("root"))
-        root = ep.url[: -len("/v1")] if ep.url.endswith("/v1") else ep.url
-        info["version"] = await asyncio.to_thread(_server_version, root)
+        info["version"] = await asyncio.to_thread(_server_version, root_url(ep.url))
         return info
 
     def _check_identity(self, url: str, root: str | None) -> None:
