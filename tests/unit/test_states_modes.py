@@ -18,6 +18,7 @@ from eagle3_train.hidden_states.source import StoredSource
 from eagle3_train.settings import ExtractBackend
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.utils.io import Eagle3InputError, read_json
+from eagle3_train.utils.store_bytes import bytes_per_token as stored_bytes_per_token
 
 
 def test_every_setting_value_has_an_entry():
@@ -61,9 +62,9 @@ def test_vllm_backend_argument_checks():
 
 
 def test_bytes_per_token_counts_the_fp8_scales():
-    assert store.bytes_per_token(8, "bfloat16") == 4 * 8 * 2
-    assert store.bytes_per_token(8, "float32") == 4 * 8 * 4
-    assert store.bytes_per_token(8, "float8_e4m3") == 4 * 8 + 4 * 4  # 3 aux rows and the final one, a scale each
+    assert stored_bytes_per_token(8, "bfloat16") == 4 * 8 * 2
+    assert stored_bytes_per_token(8, "float32") == 4 * 8 * 4
+    assert stored_bytes_per_token(8, "float8_e4m3") == 4 * 8 + 4 * 4  # 3 aux rows and the final one, a scale each
 
 
 def test_new_manifest_keeps_what_a_resume_continues(tmp_path):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class Backend:
     name: str
     runs_verifier_here: bool  # False: the verifier runs in servers given as endpoints
-    stats_bytes: int  # stored per token besides the states (store.bytes_per_token)
+    stats_bytes: int  # stored per token besides the states (utils.store_bytes.bytes_per_token)
     record_key: str  # the manifest key of what the producer's `open` returns
     verifier_need: Need  # what of the verifier this process fetches
 

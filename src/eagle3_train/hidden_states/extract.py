@@ -48,6 +48,7 @@ from eagle3_train.utils.io import Eagle3InputError, check_at_least, sha256_file,
 from eagle3_train.utils.outputs import claim_output_dir, claimed_output
 from eagle3_train.utils.progress import progress
 from eagle3_train.utils.settings import add_settings_arguments, settings_from_args
+from eagle3_train.utils.store_bytes import bytes_per_token as stored_bytes_per_token
 
 if TYPE_CHECKING:
     from eagle3_train.hidden_states.source import HiddenStateProducer
@@ -104,7 +105,7 @@ def _extract(group: ExtractGroup, prepared_dir: Path, verifier, out_dir, layer_i
     ids = extract_layer_ids(layer_ids, finetune_from, num_layers, verifier.name,
                             family_of(verifier.config).first_aux_layer, source_aux_convention)
     device, compute_dtype = be.placement(device, compute_dtype, verifier.config, group.device)
-    bytes_per_token = store.bytes_per_token(hidden, dtype)
+    bytes_per_token = stored_bytes_per_token(hidden, dtype)
     if shard_tokens is None:
         shard_tokens = max(1, DEFAULT_SHARD_BYTES // bytes_per_token)
     check_at_least("shard_tokens", shard_tokens, 1)

@@ -2,7 +2,7 @@
 training's first epoch), so `train --hidden-states`, resume and the checks read the same fields either way.
 
 `new_manifest(settings, ...)`: the in-progress manifest written before the first shard (`bytes_per_token` from
-`store.bytes_per_token`, the fp8 scales noted, the backend's record); `summarize(manifest)`: counts and status from
+`utils/store_bytes.py`, the fp8 scales noted, the backend's record); `summarize(manifest)`: counts and status from
 the splits' entries; `throughput(...)`: extract's rate record.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from eagle3_train.hidden_states import store
 from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.utils.provenance import environment, now_iso
+from eagle3_train.utils.store_bytes import bytes_per_token as stored_bytes_per_token
 
 FP8_NOTE = ("value = float8_e4m3fn x float32 scale, one scale per token and layer: aux_scale [N, 3], final_scale "
             "[N, 1] (hidden_states/fp8.py)")
@@ -36,7 +37,7 @@ def new_manifest(settings: dict[str, Any], *, verifier_name: str, prepared_dir: 
         "stage": "extract", "format": store.FORMAT, "format_version": store.FORMAT_VERSION, "status": "in_progress",
         **settings, "verifier_name": verifier_name, "prepared_dir": str(Path(prepared_dir).resolve()),
         "aux_width": len(settings["layer_ids"]) * hidden,
-        "bytes_per_token": store.bytes_per_token(hidden, settings["dtype"]),
+        "bytes_per_token": stored_bytes_per_token(hidden, settings["dtype"]),
         "splits": {s: e for s, e in old.get("splits", {}).items() if s not in writes},  # earlier commands' splits
         key: old.get(key),  # HF: the vocab size is filled in when the verifier loads (`HFHiddenStates.open`)
         **extra, "created": old.get("created", now_iso()), "updated": now_iso(), "environment": environment(),

@@ -6,7 +6,7 @@ Format (docs/ARCHITECTURE.md): `DIR/{split}/shard-NNNNN.safetensors` with `aux` 
 `DIR/{split}/index.json` (`split_index`: one entry per shard, as `write_shard` returns it); `DIR/manifest.json`
 (written by `extract.py`, or by hybrid training in `online.py`). Writing: `plan_shards(lengths, shard_tokens)` (the
 deterministic cut a resume relies on), `write_shard(path, aux, final, plan, metadata, stats)`, `split_index`,
-`shard_entry_ok`, `store_dtypes(name)`, `bytes_per_token(hidden, name)`.
+`shard_entry_ok`, `store_dtypes(name)` (bytes per token: `utils/store_bytes.py`).
 
 Reading: `HiddenStatesReader(hidden_dir, split)` with `.manifest`, `.sample_indices`, `.num_tokens(i)`,
 `.load(i) -> {"aux": Tensor[L, 3H], "final": Tensor[L, H]}` plus, when every shard of the split has them,
@@ -89,14 +89,6 @@ def store_dtypes(name: str):
         return torch.bfloat16, 1
     dtype = getattr(torch, name)
     return dtype, torch.empty((), dtype=dtype).element_size()
-
-
-def bytes_per_token(hidden: int, name: str) -> int:
-    """Disk bytes of one token's states in store dtype `name`: 3 aux rows and the final row of `hidden` values, plus
-    for fp8 their 4 float32 scales (`fp8.encode_rows`). The verifier stats add `STATS_BYTES` where stored."""
-    from eagle3_train.hidden_states import fp8
-
-    return 4 * hidden * store_dtypes(name)[1] + (4 * 4 if name == fp8.STORE_NAME else 0)
 
 
 def write_shard(path: Path, aux, final, plan: ShardPlan, metadata: dict[str, str], stats=None) -> dict:

@@ -22,13 +22,11 @@ from eagle3_train.assets.families import text_config
 from eagle3_train.model.layer_kinds import MLA_DIMS
 from eagle3_train.plan.memory import (
     DEFAULT_DRAFT_VOCAB,
-    FP8,
     FROZEN_BYTES,
     GB,
     TB,
     communication_per_step,
     geometry,
-    hidden_state_bytes_per_token,
     memory_per_rank,
 )
 from eagle3_train.plan.report import Plan, fmt_bytes, format_plan
@@ -37,6 +35,7 @@ from eagle3_train.settings.plan import PlanSettings
 from eagle3_train.settings.train import auto_parallel
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import add_settings_arguments, choices, flags, settings_from_args
+from eagle3_train.utils.store_bytes import FP8, bytes_per_token
 
 
 def _check(s: PlanSettings) -> None:
@@ -85,8 +84,8 @@ def plan(s: PlanSettings) -> Plan:
     g = geometry(s)
     tokens = s.samples * s.tokens_per_sample
 
-    per_token = {dt: hidden_state_bytes_per_token(H, dt) for dt in ("bfloat16", FP8, "float32")}
-    per_token[s.dtype] = hidden_state_bytes_per_token(H, s.dtype)
+    per_token = {dt: bytes_per_token(H, dt) for dt in ("bfloat16", FP8, "float32")}
+    per_token[s.dtype] = bytes_per_token(H, s.dtype)
     hs = {"tokens": tokens, "bytes_per_token": per_token[s.dtype], "storage_dtype": s.dtype,
           "total_bytes": tokens * per_token[s.dtype],
           "by_dtype": {dt: {"bytes_per_token": b, "total_bytes": tokens * b} for dt, b in per_token.items()}}

@@ -14,13 +14,10 @@ from eagle3_train.model.config import default_ttt_query_block
 from eagle3_train.model.ttt_attention import merged_available
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, chunk_rows
 from eagle3_train.settings.plan import PlanSettings
+from eagle3_train.utils.store_bytes import ELEMENT_BYTES
 
 DEFAULT_DRAFT_VOCAB = 32000  # `eagle3-train vocab`'s default size
 FROZEN_BYTES = {"bf16": 2, "fp32": 4}  # bytes per element of the frozen verifier tensors, by training precision
-FP8 = "float8_e4m3"  # the store dtype name extract and train use
-# bytes per element of stored hidden states; fp8 adds one fp32 scale per row (per token and per stored state)
-_STORAGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, FP8: 1}
-_FP8_SCALE_BYTES = 4
 GB = 1e9
 TB = 1e12
 
@@ -177,19 +174,9 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     host = {"verifier_tensors_fp32_copy": 0 if checkpoint_dtype == "float32" else 4 * n_verifier,
             "offloaded_training_state": 16 * P // s.gpus if sharded and s.offload_optimizer else 0,
             # train_step loads all of this rank's micro-batches of the step, in the storage dtype
-            "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * _STORAGE_BYTES.get(s.dtype, 2)}
+            "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * ELEMENT_BYTES.get(s.dtype, 2)}
     page_cache = n_verifier * ckpt_bytes
     return m, {"saved_by_term": saved, "candidates": candidates, "host": host, "page_cache": page_cache}
-
-
-
-
-def hidden_state_bytes_per_token(H: int, dtype: str) -> int:
-    """3 aux states + the final state per token; fp8 stores one fp32 scale per state row."""
-    b = 4 * H * _STORAGE_BYTES[dtype]
-    return b + 4 * _FP8_SCALE_BYTES if dtype == FP8 else b
-
-
 
 
 def communication_per_step(params: dict[str, int], s: PlanSettings) -> dict[str, dict[str, int]]:
