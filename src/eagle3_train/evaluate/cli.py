@@ -4,7 +4,7 @@
   token for token against plain greedy decoding; see `evaluate/offline.py`.
 - served: the counters of a real vLLM server with the draft; see `evaluate/served.py`.
 
-CLI: `eagle3-train evaluate offline --draft DIR [--verifier NAME] [--benchmark mt-bench|humaneval|FILE]
+CLI: `eagle3-train evaluate offline --draft DIR [--verifier NAME] [--prompts mt-bench|humaneval|gsm8k|math500|speed-bench[:CAT]|hub:ORG/NAME...|FILE]
 [--num-prompts N] [--turns 1|2] [-k N] [--max-tokens N] [--prepared DIR] [--no-check-greedy] [--threads N]
 [--compute-dtype D] [--out DIR]` (OfflineEvalSettings);
 `eagle3-train evaluate served [--endpoint URL ...| --draft DIR] ...` (ServedEvalSettings); both: docs/CONFIG.md.

