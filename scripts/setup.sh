@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with pinned dependencies, the package (editable) and the embedded assets. Idempotent.
-# Usage: scripts/setup.sh [--dev] [--vllm]   (--vllm: scripts/setup_vllm.sh, the vLLM CPU build on hosts without a CUDA GPU)
+# Usage: scripts/setup.sh [--dev] [--vllm]   (--dev: the test tools and the trackers of requirements-trackers.txt;
+#   --vllm: scripts/setup_vllm.sh, the vLLM CPU build on hosts without a CUDA GPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,7 +10,11 @@ for a in "$@"; do case "$a" in --dev) dev=1;; --vllm) vllm=1;; *) echo "unknown 
 source scripts/pipq.sh
 ensure_venv "$PY" .venv
 pipq .venv/bin/pip install -r requirements.txt
-if [ "$dev" = 1 ]; then pipq .venv/bin/pip install -r requirements-dev.txt; fi
+if [ "$dev" = 1 ]; then
+  pipq .venv/bin/pip install -r requirements-dev.txt
+  # the optional trackers (train.report_to: wandb, mlflow, trackio), which the tests run offline; -c: never a new pin
+  pipq .venv/bin/pip install -r requirements-trackers.txt -c requirements.txt
+fi
 pipq .venv/bin/pip install --no-deps -r requirements-assets.txt
 pipq .venv/bin/pip install --no-deps -e .
 # transformers imports these when present and they fail beside the CPU torch wheel.

@@ -14,6 +14,8 @@ import sys
 
 from eagle3_train import __version__
 from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.stage_parser import StageParser
+from eagle3_train.utils.suggest import closest
 
 # subcommand -> (module, one-line help). Modules are imported only for the chosen subcommand.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -46,7 +48,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-train", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    # a stage's parser respells other spellings of its flags and answers an unknown one in one line
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE", parser_class=StageParser)
     chosen = chosen_stage(argv)
     for name, (module, help_) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -55,12 +58,26 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def unknown_stage(argv: list[str]) -> str | None:
+    """One line for a first argument that is no stage (argparse's answer is its usage and every choice), naming the
+    stage most likely meant; None when argv names one (or none)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in SUBCOMMANDS:
+        return None
+    suggestion = closest(first, list(SUBCOMMANDS))
+    hint = f"did you mean '{suggestion.name}'?" if suggestion else "see eagle3-train --help"
+    return f"eagle3-train: error: unknown command '{first}'; {hint}"
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a process of its own (not a call from Python): tune the heavy stages' host memory
         from eagle3_train.utils.host_memory import prepare_process
 
         prepare_process(chosen_stage(sys.argv[1:]), sys.argv[1:])
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (message := unknown_stage(argv)) is not None:
+        print(message, file=sys.stderr)
+        return 2
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -179,7 +179,21 @@ def resolve_checkpoint(path: str | Path, notes: list[str] | None = None) -> Path
         if notes is not None:
             notes.append(f"{p} is an unfinished training run: using its latest checkpoint {latest.name}")
         return latest
-    raise Eagle3InputError(f"{p} is neither an eagle3-train checkpoint nor a training run directory")
+    raise Eagle3InputError(_not_a_checkpoint(p))
+
+
+def _not_a_checkpoint(p: Path) -> str:
+    """What was looked for in `p`, and what to pass instead."""
+    want = (f"pass a training run directory (its {FINAL}/ checkpoint, else the one checkpoints/{LATEST} names) or a "
+            f"checkpoint directory ({CONFIG} and {WEIGHTS})")
+    if not p.exists():
+        return f"{p} does not exist; {want}"
+    if not p.is_dir():
+        return f"{p} is a file, not a directory; {want}"
+    looked = f"found none of {p / CONFIG}, {p / FINAL / CONFIG}, {p / 'checkpoints' / LATEST}"
+    published = (" (its config.json marks an exported or published draft: vLLM and SGLang load it as it is)"
+                 if (p / "config.json").is_file() else "")
+    return f"{p} is neither an eagle3-train checkpoint nor a training run directory{published}: {looked}; {want}"
 
 
 # The sections of training_metadata.json that readers walk into (lineage, inspect, export): each an object when present.

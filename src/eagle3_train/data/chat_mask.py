@@ -60,7 +60,9 @@ class ChatMasker:
         self.tokenizer = tokenizer
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
-            raise ValueError("the tokenizer has no chat template; pass one (a .jinja file)")
+            raise ValueError("the tokenizer has no chat template (no chat_template.jinja, none in "
+                             "tokenizer_config.json): give prepare one with --chat-template FILE.jinja (a run "
+                             "config: prepare.chat_template), or add chat_template.jinja to the verifier directory")
         self.template_kwargs = dict(template_kwargs or {})
         self._specials = special_tokens(tokenizer)
         self._marker_cache: dict[str, str] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.utils.display import first_few, number
 from eagle3_train.utils.io import atomic_path, write_json
 
 RESULTS = "results.json"
@@ -60,7 +61,7 @@ def format_table(results: dict[str, Any]) -> str:
         per += [None] * (k - len(per))
         body.append([name, _fmt(s.get("num_drafts")), _fmt(s.get("mean_acceptance_length"))]
                     + [_fmt(x) for x in per]
-                    + [_fmt(s.get("tokens_per_verifier_forward")), _fmt(s.get("tokens_per_s"), 1)])
+                    + [_fmt(s.get("tokens_per_verifier_forward")), number(s.get("tokens_per_s"))])
     widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
 
     def line(r: list[str]) -> str:
@@ -76,8 +77,21 @@ def format_table(results: dict[str, Any]) -> str:
     g = results.get("greedy_check")
     if g and g.get("checked"):
         extra.append("greedy check: " + ("identical to greedy decoding" if g["passed"] else
-                                         f"{len(g['mismatches'])} near-tie difference(s): {g['mismatches']}"))
+                                         f"{len(g['mismatches'])} near-tie difference(s): "
+                                         + first_few([_mismatch(m) for m in g["mismatches"]], 3, RESULTS)))
+    same = results.get("greedy_identical")
+    if isinstance(same, dict):  # served at temperature 0: the outputs against the verifier alone
+        extra.append(f"greedy outputs vs baseline: {same.get('identical')} of {same.get('compared')} identical"
+                     + (f"; differing: {first_few(same['differing_ids'], 5, RESULTS)}"
+                        if same.get("differing_ids") else ""))
     return "\n".join(out + extra)
+
+
+def _mismatch(m: dict[str, Any]) -> str:
+    """One difference from greedy decoding, short: where, and by how much the verifier preferred its token."""
+    gap = m.get("full_forward_logit_gap")
+    return (f"prompt {m.get('prompt')} turn {m.get('turn')} at new token {m.get('position')}"
+            + (f" (logit gap {number(gap, 3)})" if gap is not None else " (lengths differ)"))
 
 
 def plot_acceptance(results: dict[str, Any], path: str | Path) -> Path | None:

@@ -158,7 +158,7 @@ class Pipeline:
                     raise
         self.summary.setdefault("exports", {})
         write_json(rd / "summary.json", self.summary)
-        print(format_summary(self.summary))
+        print(format_summary(self.summary, rd / "summary.json"))
         return self.summary
 
     def dry_run(self) -> dict[str, Any]:

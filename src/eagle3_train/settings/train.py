@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 from eagle3_train.model.layer_kinds import NAMES
+from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import check_ranges, setting
 
 # shared with extract's settings (settings.py)
@@ -13,6 +14,7 @@ HS_DIR_HELP = ("the directory the hidden-state servers write each request's stat
                "this machine sees it; the client reads and deletes files only there")
 
 Loss = Literal["ce", "tv", "nla", "kl+tv", "kl+nla"]  # train/losses.py
+ReportTo = Literal["tensorboard", "wandb", "mlflow", "trackio", "none"]  # train/trackers.py's TRACKERS, and none
 
 # What may differ between an interrupted run and its resume: where things live (data identity is checked by hash),
 # how often it logs/saves, and the device. Anything else (lr, epochs, steps, architecture, seed, ...) shapes the
@@ -20,13 +22,14 @@ Loss = Literal["ce", "tv", "nla", "kl+tv", "kl+nla"]  # train/losses.py
 RESUME_MAY_CHANGE = frozenset({
     "prepared", "hidden_states", "vocab", "out", "verifier", "finetune_from", "allow_missing", "device", "log_every",
     "eval_every", "save_every", "checkpoint_every_minutes", "keep_last", "resume", "overwrite", "stop_after",
-    "max_eval_batches", "tensorboard", "allow_aux_layer_mismatch", "trust_remote_code", "dry_run", "endpoint",
-    "served_model", "prefetch", "online_concurrency", "hidden_states_dir", "parallel", "offload_optimizer"})
+    "max_eval_batches", "tensorboard", "report_to", "allow_aux_layer_mismatch", "trust_remote_code",
+    "dry_run", "endpoint", "served_model", "prefetch", "online_concurrency", "hidden_states_dir", "parallel",
+    "offload_optimizer"})
 
 
 # Options retired after they measured no gain (benchmarks/LOG.md, "Retired training options"), each with the value
 # under which a run trained as this version trains: a YAML or --set key naming one is an error that says so (a flag:
-# argparse's "unrecognized arguments"), and a checkpoint whose settings hold one resumes only at that value.
+# the stage's parser says it was retired), and a checkpoint whose settings hold one resumes only at that value.
 RETIRED: dict[str, Any] = {
     "chain_mask": False, "feature_noise": 0.0, "final_norm_init": "ones", "layer_init": "random",
     "layer_init_index": -1, "layer_init_embed": "random", "target_temperature": 1.0, "freeze_lm_head": False,
@@ -167,7 +170,20 @@ class TrainConfig:
     stop_after: int | None = setting(None, "end this invocation after N more optimizer steps (checkpointed; "
                                            "resume later)", valid=">= 1")
     max_eval_batches: int | None = setting(None, "validate on at most N batches", valid=">= 1")
-    tensorboard: bool = setting(True, "write TensorBoard event files in --out")
+    report_to: list[ReportTo] = setting(
+        default_factory=lambda: ["tensorboard"],
+        help="experiment trackers that receive the metrics besides OUT/metrics.jsonl (train/trackers.py): tensorboard "
+             "(OUT/tensorboard), wandb (Weights & Biases; WANDB_MODE=offline logs without an account, under "
+             "OUT/wandb unless WANDB_DIR is set), mlflow (a file store in OUT/mlruns unless MLFLOW_TRACKING_URI is "
+             "set), trackio (its local database in TRACKIO_DIR, default ~/.cache/huggingface/trackio), or none; "
+             "wandb, mlflow and trackio need `pip install -r requirements-trackers.txt` (or the extra "
+             "eagle3-train[trackers]). Project (MLflow: experiment) and run are named after the run directory "
+             "(WANDB_PROJECT, MLFLOW_EXPERIMENT_NAME override the project). Each receives the settings once, when "
+             "its run starts; a resume continues the same W&B, MLflow and trackio run (ids kept in "
+             "OUT/trackers.json), where what the interrupted invocation logged after its last checkpoint stays "
+             "beside what is logged again")
+    tensorboard: bool | None = setting(None, "shorthand for report_to: true adds tensorboard, false removes it, "
+                                             "unset leaves report_to as it is")
     # experimental: kept for a rerun at GPU scale (measured on small CPU pools only; docs/CONFIG.md lists them apart)
     loss: Loss = setting("ce", "objective per step (train/losses.py): ce (soft cross-entropy) or the acceptance-aware "
                                "LK family tv, nla, kl+tv, kl+nla (arXiv 2602.23881); ce ties nla in vLLM here",
@@ -187,6 +203,23 @@ class TrainConfig:
 
     def __post_init__(self) -> None:  # the Python API too: train(TrainConfig(lr=-1)) stops here
         check_ranges(self)
+        self.trackers()
+
+    def trackers(self) -> list[str]:
+        """The trackers this run reports to: report_to (none: no tracker) with the tensorboard shorthand applied."""
+        names = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
+        bad = [n for n in names if n not in get_args(ReportTo)]
+        if bad:
+            raise Eagle3InputError(f"train.report_to must list some of {list(get_args(ReportTo))}, got {bad}")
+        if "none" in names and len(set(names)) > 1:
+            raise Eagle3InputError(f"train.report_to: 'none' means no tracker and cannot stand with others, "
+                                   f"got {names}")
+        chosen = [n for n in dict.fromkeys(names) if n != "none"]
+        if self.tensorboard is True and "tensorboard" not in chosen:
+            chosen.insert(0, "tensorboard")
+        if self.tensorboard is False and "tensorboard" in chosen:
+            chosen.remove("tensorboard")
+        return chosen
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,7 +14,7 @@ VERSION = 1
 OUTPUT = ("train", "training output directory")  # the stage that owns a run directory, and what errors call it
 # The top-level names a training run (or its dry run) writes: what its marker lists, and what --overwrite sets aside.
 WRITES = ("checkpoints", "final", "training_metadata.json", "metrics.jsonl", "metrics.png", "tensorboard",
-          "training_metadata.dry-run.json", "dry-run-exports")
+          "wandb", "mlruns", "trackers.json", "training_metadata.dry-run.json", "dry-run-exports")
 
 
 def written_by_train(path: Path) -> bool:

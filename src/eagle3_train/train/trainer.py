@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -317,12 +318,19 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        if not self.info.is_main:
-            return self._run()
-        # rank 0 holds --out for the whole run: a second run into it stops instead of writing the same files
-        claim_output_dir(self.out, *OUTPUT, written_by_train, writes=WRITES)
-        with output_lock(self.out, OUTPUT[1]):
-            return self._run()
+        try:
+            if not self.info.is_main:
+                return self._run()
+            # rank 0 holds --out for the whole run: a second run into it stops instead of writing the same files
+            claim_output_dir(self.out, *OUTPUT, written_by_train, writes=WRITES)
+            with output_lock(self.out, OUTPUT[1]):
+                result = self._run()
+                self.metrics.close()  # the trackers' last writes, still under the lock
+        except BaseException:
+            self.metrics.close(ok=False)  # the trackers' runs end as failed
+            raise
+        print("\n".join(["training logs and plots:", *self.metrics.where()]), file=sys.stderr, flush=True)
+        return result
 
     def _run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -335,7 +343,7 @@ class Trainer:
                 raise Eagle3InputError(f"{self.out} already holds checkpoints: pass --resume to continue that run, "
                                        f"--overwrite to set it aside and start over, or choose another --out")
             self._set_aside()
-        self.metrics.start(self.step, cfg.tensorboard)
+        self.metrics.start(self.step, cfg.trackers(), cfg.to_dict())
         if self.info.is_main:
             write_json(self.out / "training_metadata.json", self.metadata("running"))
         bar = progress(total=self.total_steps, desc="train", unit="step", initial=self.step,
@@ -444,7 +452,6 @@ class Trainer:
             write_json(self.out / "training_metadata.json", meta)
             ckpt.save_checkpoint(self.out / "final", self.model, None, meta, weights=weights)
             result["final"] = str(self.out / "final")
-            self.metrics.close()
             from eagle3_train.train.plots import plot_metrics
 
             plot_metrics(self.out / "metrics.jsonl", self.out / "metrics.png")

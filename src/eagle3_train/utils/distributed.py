@@ -47,6 +47,8 @@ def check_device(device: str | None, flag: str = "--device") -> None:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
         raise Eagle3InputError(f"{flag} must be auto, cpu or cuda[:N], got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):  # mps, xpu, meta parse as devices but the trainer runs on neither
+        raise Eagle3InputError(f"{flag} must be auto, cpu or cuda[:N], got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise Eagle3InputError(f"{flag} {device} was requested but torch sees no CUDA device "
                                f"(torch {torch.__version__}); use {flag} cpu (or auto)")

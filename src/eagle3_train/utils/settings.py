@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import math
 import types
 import typing
@@ -21,6 +20,7 @@ from typing import Any, Literal, TypeVar, Union
 import yaml
 
 from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.suggest import closest, ecosystem_target
 
 T = TypeVar("T")
 _EXPLICIT = "_explicit_settings"  # namespace attribute: dests of the flags given on the command line
@@ -145,16 +145,26 @@ def core_fields(cls: type) -> list[dataclasses.Field]:
 
 
 # --- checking values (YAML sections, --set, Python) ------------------------------------------------------------
+def retired_note(key: str) -> str:
+    return f"'{key}' was retired after it measured no gain (benchmarks/LOG.md, 'Retired training options'); delete it"
+
+
 def unknown_key_error(key: str, valid: Iterable[str], where: str, cls: type | None = None) -> Eagle3InputError:
-    """One line naming the key, where it was found and the closest valid name (or, for a setting `cls` retired, that
-    it was retired: its `RETIRED` names them)."""
+    """One line naming the key, where it was found and the valid name most likely meant (utils/suggest.py: the key
+    another trainer's name stands for, else the nearest by edits), or, for a setting `cls` retired, that it was
+    retired (its `RETIRED` names them). The ecosystem's names are accepted as flags only: a config and the settings
+    it records keep one name for one thing."""
     if key in getattr(cls, "RETIRED", {}):
-        return Eagle3InputError(f"unknown key '{key}' in {where}: '{key}' was retired after it measured no gain "
-                                f"(benchmarks/LOG.md, 'Retired training options'); delete it")
+        return Eagle3InputError(f"unknown key '{key}' in {where}: {retired_note(key)}")
     valid = sorted(valid)
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(valid)}"
-    return Eagle3InputError(f"unknown key '{key}' in {where}; {hint}")
+    suggestion = closest(key, valid)
+    if suggestion is None:
+        return Eagle3InputError(f"unknown key '{key}' in {where}; valid keys: {', '.join(valid)}")
+    note = suggestion.note
+    if ecosystem_target(key, valid):
+        note += ": flags accept it, config keys are this tool's names"
+    note = f" ({note})" if note else ""
+    return Eagle3InputError(f"unknown key '{key}' in {where}; did you mean '{suggestion.name}'?{note}")
 
 
 def _coerce(value: Any, hint: Any, where: str, choice: tuple[Any, ...] | None = None) -> Any:
@@ -325,6 +335,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, set_op
     """Add one flag per CLI setting of `cls` (and `--set KEY=VALUE`); the parser's defaults are the dataclass's."""
     hints = _hints(cls)
     skip = set(skip)
+    # retired settings given as flags: the stage's parser (utils/stage_parser.py) says they were retired
+    parser.retired = tuple(getattr(cls, "RETIRED", ()))  # type: ignore[attr-defined]
     for f in dataclasses.fields(cls):
         meta = f.metadata
         if not meta.get("cli", True) or f.name in skip:
