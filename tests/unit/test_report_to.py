@@ -87,3 +87,18 @@ def test_tensorboard_alone_keeps_no_tracker_state_and_a_fresh_start_forgets_an_o
     assert list((out / "tensorboard").iterdir())
     assert log.where() == [f"metrics: {out / 'metrics.jsonl'}",
                            f"tensorboard: {out / 'tensorboard'}  (open: tensorboard --logdir {out / 'tensorboard'})"]
+
+
+def test_turning_a_tracker_on_keeps_a_finished_runs_training_key(tiny_llama_dir, tmp_path):
+    """Where metrics are reported is not what the draft learns: `run` must not train again for it."""
+    from eagle3_train.pipeline import Pipeline
+    from eagle3_train.pipeline.stages import STAGES
+
+    train = next(st for st in STAGES if st.name == "train")
+    base = {"run_dir": str(tmp_path / "run"), "verifier": str(tiny_llama_dir()), "train": {"ttt_steps": 2}}
+    keys = []
+    for extra in ({}, {"report_to": ["wandb", "mlflow"], "tensorboard": False}, {"ttt_steps": 3}):
+        ctx = Pipeline({**base, "train": {**base["train"], **extra}})._context(need="tokenizer")
+        ctx.keys.update({"prepare": {"p": 1}, "extract": {"e": 1}, "vocab": {"v": 1}})
+        keys.append(train.key(ctx, None))
+    assert keys[0] == keys[1] and keys[0] != keys[2]

@@ -189,8 +189,10 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
                                         endpoints=[server.base_url], vllm_options=options))
 
 
-# How train reaches its servers in online/hybrid mode (not what it learns): left out of the stage's key.
-_TRAIN_TRANSPORT = ("endpoint", "served_model", "online_concurrency", "hidden_states_dir", "prefetch")
+# How train reaches its servers in online/hybrid mode, and where it reports its metrics (not what it learns): left
+# out of the stage's key, so turning a tracker on does not train a finished run again.
+_TRAIN_TRANSPORT = ("endpoint", "served_model", "online_concurrency", "hidden_states_dir", "prefetch", "report_to",
+                    "tensorboard")
 
 
 def train_values(ctx: RunContext) -> dict[str, Any]:
