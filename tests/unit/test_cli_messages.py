@@ -228,3 +228,13 @@ def test_the_evaluate_report_rounds_and_never_dumps_json():
     assert "98.77" in table and "{" not in table
     assert "greedy outputs vs baseline: 72 of 80 identical; differing: q0, q1, q2, q3, q4 and 3 more (results.json)" \
         in table
+
+
+@pytest.mark.parametrize("key", ["max_turns=1", "original_answers=true"])
+def test_generate_refuses_a_run_only_key_instead_of_ignoring_it(key, tmp_path, capsys):
+    out = tmp_path / "gen"
+    rc = cli_main(["generate", "--data", "sharegpt", "--out", str(out), "--endpoint", "http://127.0.0.1:9/v1",
+                   "--set", key])
+    err = capsys.readouterr().err
+    assert rc == 2 and key.split("=")[0] in err and "eagle3-train run" in err, err
+    assert not out.exists()

@@ -44,6 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.data_spec import DataSource
 from eagle3_train.assets.thinking import ThinkingStyle
 from eagle3_train.generate.conversation import regenerate_conversation, tool_server_args
 from eagle3_train.generate.journal import AppendLog
@@ -64,7 +65,7 @@ REASONING_MODES = typing.get_args(Reasoning)
 _D = GenerateSettings  # keyword defaults below are the settings dataclass's
 
 
-def regenerate(source: str | Path, out_dir: str | Path, endpoints: list[str], model: str | None, *,
+def regenerate(source: DataSource, out_dir: str | Path, endpoints: list[str], model: str | None, *,
                limit: int | None = _D.limit, concurrency: int | None = _D.concurrency,
                max_tokens: int | None = _D.max_tokens,
                temperature: float = _D.temperature, top_p: float = _D.top_p, seed: int | None = _D.seed,
@@ -122,14 +123,14 @@ async def _run_recorded(report: Report, conversations: Any, sampling: Sampling, 
     return final
 
 
-async def _regenerate(source: str | Path, out_dir: Path, endpoints: list[str], model: str | None,
+async def _regenerate(source: DataSource, out_dir: Path, endpoints: list[str], model: str | None,
                       limit: int | None, sampling: Sampling, run: Run) -> dict:
     out_dir = claim_generate_output(out_dir)
     with output_lock(out_dir, OUTPUT[1]):  # one writer: two would interleave their records
         return await _regenerate_locked(source, output_files(out_dir), endpoints, model, limit, sampling, run)
 
 
-async def _regenerate_locked(source: str | Path, files: Files, endpoints: list[str], model: str | None,
+async def _regenerate_locked(source: DataSource, files: Files, endpoints: list[str], model: str | None,
                              limit: int | None, sampling: Sampling, run: Run) -> dict:
     from eagle3_train.assets.conversations import load_conversations
 
@@ -221,6 +222,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     quiet_http_logs()
     s = settings_from_args(GenerateSettings, args)
+    # keys of the run config's generate section that only `eagle3-train run` reads: accepted by --set (they are
+    # settings of this dataclass), they would be ignored here without a word
+    run_only = [k for k in ("enabled", "allow_fallback", "original_answers", "max_turns")
+                if getattr(s, k) != getattr(GenerateSettings(), k)]
+    if run_only:
+        raise Eagle3InputError(f"--set {', '.join(run_only)}: a key of `eagle3-train run`'s generate section, which "
+                               f"the generate command does not read (cut or filter the conversations first, or use "
+                               f"`run`)")
     endpoints = list(s.endpoint)
     kwargs = dict(limit=s.limit, concurrency=s.concurrency, max_tokens=s.max_tokens, temperature=s.temperature,
                   top_p=s.top_p, seed=s.seed, reasoning=s.reasoning, timeout_s=s.timeout_s,
