@@ -9,7 +9,8 @@ an error naming the file and line, unless `skip_bad_records=True`: then it is sk
 `SourceInfo.bad_records` and the first few are named (file, line) in `SourceInfo.bad_record_examples`. Recovery
 resumes at the next line, so it is exact for JSON Lines (one record per line).
 
-Python API: `iter_file(path, info, limit) -> Iterator[Conversation]`, filling `info` (a `SourceInfo`) as it reads.
+Python API: `iter_file(path, info, limit) -> Iterator[Conversation]`, filling `info` (a `SourceInfo`) as it reads;
+`regeneration_record(path)`: how a `generate` output (its manifest beside the file) was regenerated.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class SourceInfo:
     path: str
     sha256: str
     container: str = ""  # "json-array" or "json-lines"
-    format: str = ""  # record format: "sharegpt" (conversations/from/value), "messages" (role/content) or "mixed"
-    formats: dict[str, int] = field(default_factory=dict)  # record format -> count ("sharegpt", "messages")
+    # record format: "sharegpt" (from/value turns), "messages" (role/content turns), a column pair such as
+    # "question/answer" (assets/record_shapes.py), or "mixed"
+    format: str = ""
+    formats: dict[str, int] = field(default_factory=dict)  # record format -> count
     records: int = 0  # complete records decoded (including those past a limit are not read)
     conversations: int = 0  # conversations yielded
     renamed_duplicate_ids: int = 0  # the same id on another conversation: kept under ID#N
@@ -60,6 +63,10 @@ class SourceInfo:
     # How a `generate` output was regenerated (its manifest): served model, endpoints, sampling, thinking, counts;
     # carried into the prepared manifest, the training metadata and every export
     regeneration: dict[str, Any] | None = None
+    # What `--data` named, one entry per value: its spec and kind, the dataset id (or path), config, split, revision
+    # (the Hub commit, or a local dataset's fingerprint) and rows taken; a mixture's entries add their weight and the
+    # conversations each had (assets/data_sources.py)
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,9 +82,9 @@ def _not_json(path: Path) -> str:
                 "(from/value) or OpenAI-style `messages`")
     kind = _TABULAR.get(path.suffix.lower())
     if kind:
-        return (f"{path.name} is a {path.suffix[1:].upper()} file, and {expected}; convert it first, e.g. "
-                f"`datasets.load_dataset('{kind}', data_files='{path}')['train'].to_json('{path.stem}.jsonl')` "
-                f"with its columns mapped to messages")
+        return (f"{path.name} is a {path.suffix[1:].upper()} file, and {expected}; pass the directory holding it "
+                f"as --data DIR@train (a dataset directory, read with `datasets`; docs/DATA.md), or convert it, e.g. "
+                f"`datasets.load_dataset('{kind}', data_files='{path}')['train'].to_json('{path.stem}.jsonl')`")
     return (f"{expected}, and its first record is not JSON; check the file's format (--skip-bad-records skips only "
             f"single broken records of a JSON file)")
 
@@ -239,3 +246,26 @@ def _runs_to_eof(e: json.JSONDecodeError, text: str) -> bool:
     """True when decoding failed because the text ended inside the value (a cut-off file), not on bad syntax."""
     return e.msg.startswith("Unterminated string") or e.pos >= len(text.rstrip())
 
+
+_REGENERATION_KEYS = ("model", "endpoints", "sampling", "thinking", "counts", "source", "environment")
+
+
+def regeneration_record(path: Path) -> dict[str, Any] | None:
+    """What generate's manifest beside `path` (its conversations.jsonl) says of how the data was regenerated."""
+    manifest = path.parent / "manifest.json"
+    if path.name != "conversations.jsonl" or not manifest.is_file():
+        return None
+    try:
+        m = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("stage") != "generate":
+        return None
+    record = {k: m.get(k) for k in _REGENERATION_KEYS if k in m}
+    source = record.get("source")
+    if isinstance(source, dict):  # the data it regenerated: where and which, not its counts again
+        record["source"] = {k: source.get(k) for k in ("source", "path", "sha256", "regeneration") if k in source}
+    env = record.get("environment")
+    if isinstance(env, dict):
+        record["environment"] = {k: env.get(k) for k in ("versions", "git_commit", "host") if k in env}
+    return record

@@ -1,12 +1,15 @@
-"""One record, one conversation: a ShareGPT (`conversations`: from/value) or OpenAI-style (`messages`: role/content)
-record turned into the chat-template messages every stage works on, and the turn structure training accepts.
+"""One record, one conversation: a record of any shape `record_shapes.py` knows (ShareGPT `conversations`,
+OpenAI-style `messages`, either list with from/value or role/content turns, or a column pair such as
+question/answer) turned into the chat-template messages every stage works on, and the turn structure training accepts.
 
-Role names are mapped through `ROLE_ALIASES`; tool calls (OpenAI `tool_calls`, ShareGPT `function_call` turns), tool
-results, reasoning text and `generate`'s own fields (`regenerated`, `completion_token_ids`) are kept and checked here,
-so a malformed record fails with the file, record and field named. A record without an id gets its content hash,
-which also finds records that repeat another word for word.
+Role names are mapped through `ROLE_ALIASES`; tool calls (OpenAI `tool_calls`, ShareGPT `function_call` turns, Hermes
+`<tool_call>` text answered by tool turns: `tool_call_text.py`), tool results, reasoning text and `generate`'s own
+fields (`regenerated`, `completion_token_ids`) are kept and checked here, so a malformed record fails with the file,
+record and field named. A record without an id gets its content hash, which also finds records that repeat another
+word for word.
 
-Python API: `parse_record(record, path, n, line) -> (format, Conversation)`, `messages_digest(messages)`,
+Python API: `parse_record(record, path, n, line) -> (format, Conversation)`, `messages_record(conversation) -> dict`
+(a conversation written back as a `messages` record that reads the same), `messages_digest(messages)`,
 `normalize_turns(messages, leading_assistant="trim") -> (messages, reason)`.
 """
 
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.record_shapes import SHAPES_TEXT, pair_turns, shape_of
+from eagle3_train.assets.tool_call_text import split_text_calls, unwrap_tool_response
 from eagle3_train.utils.io import Eagle3InputError
 
 # Role names seen in ShareGPT dumps and OpenAI-style files, mapped to the chat-template roles.
@@ -44,6 +49,10 @@ class Conversation:
     messages: list[dict[str, str]]
     tools: list[dict[str, Any]] | None = None  # the functions the conversation offers (OpenAI `tools`)
 
+
+def messages_record(conv: Conversation) -> dict[str, Any]:
+    """`conv` as a `messages` record: `parse_record` reads it back to the same conversation (mixtures, slices)."""
+    return {"id": conv.id, "messages": conv.messages, **({"tools": conv.tools} if conv.tools else {})}
 
 
 def _content(value: Any, where: str, field_name: str) -> str:
@@ -82,15 +91,12 @@ def parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conve
     if not isinstance(record, dict):
         raise Eagle3InputError(f"{where}: expected a JSON object with 'conversations' (ShareGPT) or 'messages' "
                                f"(OpenAI style), got {type(record).__name__}")
-    if "conversations" in record:
-        fmt, turns, role_key, content_key = "sharegpt", record["conversations"], "from", "value"
-        list_key = "conversations"
-    elif "messages" in record:
-        fmt, turns, role_key, content_key = "messages", record["messages"], "role", "content"
-        list_key = "messages"
-    else:
-        raise Eagle3InputError(f"{where}: missing field 'conversations' (ShareGPT: [{{'from', 'value'}}]) or "
-                               f"'messages' (OpenAI style: [{{'role', 'content'}}]); found keys {sorted(record)}")
+    shape = shape_of(record)
+    if shape is None:
+        raise Eagle3InputError(f"{where}: missing field {SHAPES_TEXT}; found keys {sorted(record)}")
+    fmt, (role_key, content_key) = shape.name, shape.turn_keys
+    list_key = shape.list_key or shape.name
+    turns = record[list_key] if shape.list_key else pair_turns(record, shape, where)
     if not isinstance(turns, list):
         raise Eagle3InputError(f"{where}: field '{list_key}' must be a list of turns, got {type(turns).__name__}")
     messages = []
@@ -129,12 +135,34 @@ def parse_record(record: Any, path: Path, n: int, line: int) -> tuple[str, Conve
             messages[-1]["tool_calls"] = message["tool_calls"]
             continue
         messages.append(message)
+    _structure_text_calls(messages, where)
     cid = record.get("id")
     if cid is None or cid == "":
         # No id in the file: a content hash is stable across runs and limits.
         cid = messages_digest(messages)[:16]
     tools = _tools(record["tools"], where) if record.get("tools") not in (None, "", []) else None
     return fmt, Conversation(id=_text(str(cid), where, "id"), messages=messages, tools=tools)
+
+
+def _structure_text_calls(messages: list[dict[str, Any]], where: str) -> None:
+    """Hermes-style calls written as `<tool_call>` text in an assistant turn that tool turns answer become its
+    `tool_calls`, and those results lose their `<tool_response>` wrapper; a generated turn is kept as generated."""
+    answered = False
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            if answered:
+                m["content"] = unwrap_tool_response(m["content"])
+            continue
+        answered = False
+        following = messages[i + 1]["role"] if i + 1 < len(messages) else None
+        if m["role"] != "assistant" or following != "tool" or m.get("tool_calls") or TOKEN_IDS in m \
+                or REGENERATED in m:
+            continue
+        found = split_text_calls(m["content"])
+        if found is not None:
+            m["content"], calls = found
+            m["tool_calls"] = _tool_calls(calls, where)
+            answered = True
 
 
 def _generated_fields(turn: dict[str, Any], message: dict[str, Any], where: str) -> None:

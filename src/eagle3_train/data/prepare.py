@@ -30,6 +30,7 @@ import numpy as np
 
 from eagle3_train.assets.conversation_records import REGENERATED, normalize_turns
 from eagle3_train.assets.conversations import load_conversations
+from eagle3_train.assets.data_spec import DataSource, data_items, parse_spec
 from eagle3_train.assets.families import text_config
 from eagle3_train.assets.tokenizer import check_same_tokens, converted_from, load_tokenizer, tokenizer_digest
 from eagle3_train.assets.verifier import Verifier, as_verifier
@@ -95,7 +96,7 @@ def check_prepare_settings(max_length: int, overflow: str, val_fraction: float, 
 _D = PrepareSettings  # keyword defaults below are the settings dataclass's
 
 
-def prepare(source: str | Path, verifier: str | Path | Verifier, out_dir: str | Path, max_length: int = _D.max_length,
+def prepare(source: DataSource, verifier: str | Path | Verifier, out_dir: str | Path, max_length: int = _D.max_length,
             overflow: str = _D.overflow, val_fraction: float = _D.val_fraction, seed: int = _D.seed,
             limit: int | None = _D.limit, chat_template: str | None = _D.chat_template,
             val_count: int | None = _D.val_count, leading_assistant: str = _D.leading_assistant,
@@ -299,12 +300,13 @@ def generated_template_kwargs(regeneration: dict[str, Any] | None) -> dict[str, 
     return dict(kwargs) if isinstance(kwargs, dict) else {}
 
 
-def _check_not_inside(source: str | Path, out_dir: Path) -> None:
+def _check_not_inside(source: DataSource, out_dir: Path) -> None:
     """Preparing replaces `out_dir` as a whole: a source file inside it would be deleted with the old output."""
-    path = Path(source).expanduser()
-    if path.exists() and path.resolve().is_relative_to(out_dir.resolve()):
-        raise Eagle3InputError(f"--data {source} lies inside --out {out_dir}, which prepare replaces as a whole: "
-                               f"move the data out of it, or choose another --out")
+    for item in data_items(source):
+        path = Path(parse_spec(item).source).expanduser()
+        if path.exists() and path.resolve().is_relative_to(out_dir.resolve()):
+            raise Eagle3InputError(f"--data {item} lies inside --out {out_dir}, which prepare replaces as a whole: "
+                                   f"move the data out of it, or choose another --out")
 
 
 def _check_same_inputs(out_dir: Path, source_sha256: str, verifier: dict[str, Any], template_sha256: str,

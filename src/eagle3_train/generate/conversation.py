@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
+from eagle3_train.assets.data_spec import DataSource
 from eagle3_train.assets.thinking import GENERIC, ThinkingStyle, resolve_style
 from eagle3_train.generate.run_settings import Sampling
 from eagle3_train.serving.client import ChatPool, ContextTooLongError, RequestRejected
@@ -150,7 +151,7 @@ async def regenerate_conversation(pool: ChatPool, conv_id: str, messages: list[d
     return record, None
 
 
-def tool_server_args(source: str | Path, model_name: str, model_dir: str | Path | None, thinking_style: str = "auto",
+def tool_server_args(source: DataSource, model_name: str, model_dir: str | Path | None, thinking_style: str = "auto",
                      limit: int | None = None, skip_bad_records: bool = False) -> list[str]:
     """vLLM flags for a server started here to regenerate `source`: the family's tool-call parser when its
     conversations offer tools (without one, vLLM refuses every request that carries them), else none."""

@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.data_spec import DataSource
 from eagle3_train.settings import GenerateSettings
 from eagle3_train.utils.io import atomic_path
 
@@ -21,7 +22,7 @@ def _jsonl_record(conv, messages: list[dict[str, Any]]) -> str:
     return json.dumps({"id": conv.id, "messages": messages, **({"tools": conv.tools} if conv.tools else {})}) + "\n"
 
 
-def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, skip_bad_records: bool = False
+def cut_turns(source: DataSource, out_file: Path, limit: int | None, max_turns: int, skip_bad_records: bool = False
               ) -> Path:
     """Write the source's conversations, cut after `max_turns` user turns, as messages JSONL."""
     from eagle3_train.assets.conversations import load_conversations
@@ -42,7 +43,7 @@ def cut_turns(source: str, out_file: Path, limit: int | None, max_turns: int, sk
     return out_file
 
 
-def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
+def run_generation_for_pipeline(source: DataSource, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
                                 serving: dict[str, Any] | None = None, trust_remote_code: bool = False
                                 ) -> dict[str, Any]:
     """Serve the verifier (`serving`: ServingSettings values; generate.max_model_len, when set, wins) and
@@ -73,7 +74,7 @@ def run_generation_for_pipeline(source: str, verifier_dir: Path, out_dir: Path, 
     return {"skipped": False, "counts": manifest.get("counts"), "out": str(out_dir / "conversations.jsonl")}
 
 
-def mix_with_originals(source: str, generated: Path, out_file: Path, limit: int | None,
+def mix_with_originals(source: DataSource, generated: Path, out_file: Path, limit: int | None,
                        skip_bad_records: bool = False) -> dict[str, int]:
     """Write the regenerated conversations, then the source's first `limit` conversations that were not regenerated
     with their original answers, as one messages JSONL; returns how many of each."""

@@ -7,6 +7,7 @@ import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eagle3_train.assets.data_spec import DataSource
 from eagle3_train.generate.journal import recover_jsonl
 from eagle3_train.generate.run_settings import Sampling
 from eagle3_train.utils.io import Eagle3InputError, read_json
@@ -51,7 +52,7 @@ class Resume:
     torn_bytes: int  # removed from torn last lines
 
 
-def resume_point(files: Files, source: str | Path, limit: int | None, skip_bad_records: bool, overwrite: bool,
+def resume_point(files: Files, source: DataSource, limit: int | None, skip_bad_records: bool, overwrite: bool,
                  model: str, sampling: Sampling) -> Resume:
     """Start over (`overwrite`) or check that the earlier run had the same settings, and read what it finished."""
     total, source_sha = _count_source(source, limit, skip_bad_records)
@@ -83,7 +84,7 @@ def _check_resume(manifest_path: Path, model: str, sampling: Sampling, source_sh
                                f"use another --out, the same settings to resume, or --overwrite to start over")
 
 
-def _count_source(source: str | Path, limit: int | None, skip_bad_records: bool) -> tuple[int, str]:
+def _count_source(source: DataSource, limit: int | None, skip_bad_records: bool) -> tuple[int, str]:
     from eagle3_train.assets.conversations import load_conversations
 
     it, info = load_conversations(source, limit, skip_bad_records=skip_bad_records)

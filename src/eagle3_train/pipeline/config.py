@@ -34,6 +34,9 @@ def merged_config(raw: dict[str, Any]) -> dict[str, Any]:
         given = raw.get(name) or {}
         checked = build_settings(cls, given, f"config section '{name}'", yaml_only=True)
         out[name] = {k: getattr(checked, k) for k in yaml_keys(cls) if k in given or k in _HASHED_KEYS[name]}
+    data = out["prepare"]["data"]
+    if len(data) == 1:  # one source is a string, as before lists: earlier runs' prepare keys stay valid
+        out["prepare"]["data"] = data[0]
     for name, cls in SHARED_SECTIONS.items():  # only the keys set: a stage's settings hash includes them if any
         given = raw.get(name) or {}
         checked = build_settings(cls, given, f"config section '{name}'", yaml_only=True)

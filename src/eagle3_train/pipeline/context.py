@@ -41,7 +41,7 @@ class RunContext:
     verifier_dir: Path
     verifier_key: dict[str, Any]
     pipeline: Any  # the Pipeline running the stages (engine.py)
-    data_source: str = ""  # what prepare reads: the configured data, or generate's output
+    data_source: str | list[str] = ""  # what prepare reads: the configured data (several: mixed), or generate's output
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> the key it ran (or was kept) with
     summary: dict[str, Any] = field(default_factory=dict)
 

@@ -63,9 +63,11 @@ class RunSettings:
 @dataclass
 class PrepareSettings:
     SECTION: ClassVar[str] = "prepare"
-    data: str = setting("sharegpt", "conversations: 'sharegpt' (embedded), a preset (ultrachat, openthoughts: "
-                                    "docs/DATA.md), a ShareGPT/OpenAI-messages .json/.jsonl file, or a `generate` "
-                                    "output dir")
+    data: list[str] = setting(
+        default_factory=lambda: ["sharegpt"], commas=False, metavar="SOURCE",
+        help="conversations: 'sharegpt' (embedded), a preset (docs/DATA.md), a Hub dataset "
+             "ORG/NAME[:CONFIG][@SPLIT][:N], a dataset dir, a ShareGPT/OpenAI-messages .json/.jsonl file, or a "
+             "`generate` output dir; repeat to mix sources, weighted or not (docs/DATA.md)")
     verifier: str = setting("", VERIFIER_HELP + " (its tokenizer and chat template)", required=True, yaml=False)
     out: str = setting("", "output directory (dataset/ and manifest.json)", required=True, yaml=False)
     max_length: int = setting(2048, "tokens per sample", valid=">= 1")
@@ -107,9 +109,10 @@ class GenerateSettings:
                                             "regenerated (past generate.limit or skipped by it, up to prepare.limit): "
                                             "on-policy data where generated, more data at no generation cost",
                                      cli=False)
-    data: str = setting("sharegpt", "conversations: 'sharegpt', a preset (ultrachat, openthoughts: docs/DATA.md), "
-                                    "a .json/.jsonl file or a data dir", required=True,
-                        yaml=False)
+    data: list[str] = setting(
+        default_factory=lambda: ["sharegpt"], required=True, yaml=False, commas=False, metavar="SOURCE",
+        help="conversations: 'sharegpt', a preset (docs/DATA.md), a Hub dataset ORG/NAME[:CONFIG][@SPLIT][:N], a "
+             "dataset dir, a .json/.jsonl file or a data dir; repeat to mix sources, weighted or not (docs/DATA.md)")
     out: str = setting("", "output directory (conversations.jsonl, manifest.json)", required=True, yaml=False)
     endpoint: list[str] = setting(default_factory=list, help="OpenAI-compatible base URL, e.g. "
                                   "http://127.0.0.1:8000/v1 (repeat to spread the load)", yaml=False)
