@@ -408,3 +408,14 @@ def test_a_cuda_device_on_a_machine_without_one_is_a_clear_error_everywhere(tmp_
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
     assert "train.device cuda:1 was requested but torch sees no CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "o").exists()
+
+
+def test_a_config_string_for_a_list_whose_items_may_hold_commas_is_one_item():
+    """`prepare.data: "chats,v2.jsonl"` is one file, not two sources; a comma list field still splits."""
+    from eagle3_train.settings import PrepareSettings
+    from eagle3_train.utils.settings import build_settings, parse_set
+
+    s = build_settings(PrepareSettings, {"data": "chats,v2.jsonl", "verifier": "v", "out": "o"}, "section 'prepare'")
+    assert s.data == ["chats,v2.jsonl"]
+    assert parse_set(["data=a,b.jsonl"], PrepareSettings) == {"data": ["a,b.jsonl"]}
+    assert parse_set(["splits=train,validation"], settings.ExtractSettings)["splits"] == ["train", "validation"]

@@ -167,16 +167,17 @@ def unknown_key_error(key: str, valid: Iterable[str], where: str, cls: type | No
     return Eagle3InputError(f"unknown key '{key}' in {where}; did you mean '{suggestion.name}'?{note}")
 
 
-def _coerce(value: Any, hint: Any, where: str, choice: tuple[Any, ...] | None = None) -> Any:
+def _coerce(value: Any, hint: Any, where: str, choice: tuple[Any, ...] | None = None, commas: bool = True) -> Any:
     """Check `value` against the field type. Exact matches first, then strings converted (from `--set`, or YAML,
-    which reads `3e-4` as a string); an int stays an int for a float field (settings hashes stay as written)."""
+    which reads `3e-4` as a string); an int stays an int for a float field (settings hashes stay as written). A string
+    for a list is split on commas unless the field says its items may hold commas (`commas=False`: one item)."""
     if value is None:
         if _optional(hint):
             return None
         raise Eagle3InputError(f"{where} must be set, got null")
     for convert in (False, True):
         for arm in _arms(hint):
-            ok, v = _match(value, arm, where, convert)
+            ok, v = _match(value, arm, where, convert, commas)
             if ok:
                 if choice and v not in choice:
                     raise Eagle3InputError(f"{where} must be one of {list(choice)}, got {value!r}")
@@ -187,7 +188,7 @@ def _coerce(value: Any, hint: Any, where: str, choice: tuple[Any, ...] | None = 
     raise Eagle3InputError(f"{where} must be {_type_name(hint)}, got {value!r}")
 
 
-def _match(value: Any, arm: Any, where: str, convert: bool) -> tuple[bool, Any]:
+def _match(value: Any, arm: Any, where: str, convert: bool, commas: bool = True) -> tuple[bool, Any]:
     origin = typing.get_origin(arm)
     if origin is Literal:
         allowed = typing.get_args(arm)
@@ -197,7 +198,7 @@ def _match(value: Any, arm: Any, where: str, convert: bool) -> tuple[bool, Any]:
     if origin in (list, tuple):
         item = typing.get_args(arm)[0]
         if convert and isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = [v.strip() for v in value.split(",") if v.strip()] if commas else [value]
         if isinstance(value, (list, tuple)):
             return True, [_coerce(v, item, where) for v in value]
         return False, value
@@ -245,7 +246,8 @@ def build_settings(cls: type[T], values: dict[str, Any], where: str, *, yaml_onl
     for key, value in values.items():
         if key not in valid:
             raise unknown_key_error(str(key), valid, where, cls)
-        out[key] = _coerce(value, hints[key], f"{where}: '{key}'", fields[key].metadata.get("choices"))
+        out[key] = _coerce(value, hints[key], f"{where}: '{key}'", fields[key].metadata.get("choices"),
+                           fields[key].metadata.get("commas", True))
     settings = cls(**out)
     check_ranges(settings, where)
     return settings
@@ -272,7 +274,8 @@ def parse_set(items: Iterable[str] | None, cls: type, prefixes: tuple[str, ...] 
         except yaml.YAMLError as e:
             raise Eagle3InputError(f"--set '{item}': the value is not valid YAML "
                                    f"({str(e).splitlines()[0]})") from None
-        out[key] = _coerce(value, hints[key], where, choices(cls, key))
+        commas = next(f for f in dataclasses.fields(cls) if f.name == key).metadata.get("commas", True)
+        out[key] = _coerce(value, hints[key], where, choices(cls, key), commas)
     return out
 
 
