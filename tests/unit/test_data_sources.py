@@ -15,7 +15,9 @@ import pytest
 
 from eagle3_train.assets.conversation_records import normalize_turns
 from eagle3_train.assets.conversations import load_conversations, resolve_source
+from eagle3_train.assets.data_sources import resolve
 from eagle3_train.assets.data_spec import parse_spec
+from eagle3_train.assets.hub_datasets import NotFetched
 from eagle3_train.assets.record_shapes import PAIRS
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -159,6 +161,25 @@ def test_a_slice_is_cut_from_a_whole_split_fetched_before(tmp_path, monkeypatch)
     it, info = load_conversations("org/name@train:2")
     assert [c.messages for c in it] == [qa_messages(r) for r in rows[:2]]
     assert info.sources[0]["cut_from"] == whole.name and info.sources[0]["rows"] == 2
+
+
+def test_cached_only_fetches_and_writes_nothing(tmp_path, caches, monkeypatch):
+    """What `run --dry-run` asks: the file a source has in the data cache, or NotFetched naming every source a run
+    would fetch (or cut), with nothing read through `datasets` and nothing written."""
+    mirror = tmp_path / "mirror"
+    dataset_repo(mirror / "org" / "name", {"main": {"train": [qa(i) for i in range(4)]}})
+    monkeypatch.setenv("EAGLE3_TRAIN_HUB_MIRROR", str(mirror))
+    with pytest.raises(NotFetched) as e:
+        resolve(["org/name@train%1", "gsm8k:5%1"], cached_only=True)
+    assert str(e.value) == ("--data org/name@train%1: not fetched yet: would fetch org/name (config default, split "
+                            "train); --data gsm8k:5%1: not fetched yet: would fetch openai/gsm8k (config main, split "
+                            "train)")
+    assert not caches.exists()
+    whole = resolve_source("org/name@train")
+    assert resolve("org/name@train", cached_only=True).path == whole  # in the cache: found there
+    with pytest.raises(NotFetched, match=f"not cut yet: would take the first 2 rows of {re.escape(str(whole))}"):
+        resolve("org/name@train:2", cached_only=True)
+    assert sorted(p.name for p in whole.parent.iterdir()) == [whole.name, whole.with_suffix(".source.json").name]
 
 
 def test_the_caches_follow_the_environment(tmp_path, caches, monkeypatch):

@@ -114,6 +114,50 @@ def test_run_dry_run_validates_the_config_and_says_what_it_did_not_check(tmp_pat
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2  # a mistyped key fails the dry run
 
 
+@pytest.mark.parametrize("generate", [False, True], ids=["prepare", "generate"])
+def test_a_dry_run_fetches_no_dataset_and_writes_no_cache(tmp_path, monkeypatch, capsys, generate):
+    """`run --dry-run` on a preset the data cache lacks: the prepare (and generate) key hashes the data file, and
+    computing it fetched the whole dataset into the cache (offline, the failure read as "would run"). The plan now
+    says what the run would fetch, and the cache stays empty. The preset's dataset is within reach (a copy in the Hub
+    mirror), so a dry run that fetched it would leave its file in the cache."""
+    import datasets
+    import huggingface_hub.constants
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("EAGLE3_TRAIN_CACHE", str(cache))
+    for env in ("EAGLE3_TRAIN_DATA_CACHE", "HF_DATASETS_CACHE"):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # never the Hub itself
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    repo = tmp_path / "mirror" / "HuggingFaceH4" / "ultrachat_200k"
+    (repo / "data").mkdir(parents=True)
+    (repo / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train_sft\n"
+                                    "    path: data/train_sft.jsonl\n---\n")
+    (repo / "data" / "train_sft.jsonl").write_text(json.dumps({"prompt_id": "u0", "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}) + "\n")
+    monkeypatch.setenv("EAGLE3_TRAIN_HUB_MIRROR", str(tmp_path / "mirror"))
+    verifier = write_kimi_verifier(tmp_path / "K2", with_weights=False)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\nprepare:\n  data: ultrachat\n"
+                      + ("generate:\n  enabled: true\n" if generate else ""))
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    fetch = ("would run (--data ultrachat: not fetched yet: would fetch HuggingFaceH4/ultrachat_200k (config default, "
+             "split train_sft))")
+    for stage in ("generate", "prepare") if generate else ("prepare",):
+        assert f"{stage}: {fetch}" in printed, printed
+    assert not list(cache.iterdir()) and not (tmp_path / "run").exists()  # nothing downloaded, nothing written
+    if not generate:  # prepared before, its data since deleted from the cache: done unless the data fetched differs
+        (tmp_path / "run" / "prepared").mkdir(parents=True)
+        (tmp_path / "run" / "prepared" / "manifest.json").write_text("{}")
+        (tmp_path / "run" / "pipeline_state.json").write_text(json.dumps({"stages": {"prepare": {}}}))
+        assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+        printed = capsys.readouterr().out
+        assert "prepare: done, but may run again (--data ultrachat: not fetched yet: would fetch" in printed, printed
+        assert "vocab: would run" in printed and not list(cache.iterdir())
+
+
 def test_run_dry_run_checks_train_on_the_stages_already_done(kimi, tmp_path, capsys):
     root, verifier, _ = kimi
     rd = tmp_path / "run"

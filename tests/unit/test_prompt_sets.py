@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eagle3_train.assets.hub_datasets import MIRROR_ENV
 from eagle3_train.evaluate import prompt_sets as S
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.utils.io import Eagle3InputError
@@ -61,7 +62,7 @@ def mirror(tmp_path, monkeypatch) -> Path:
     """An empty Hub mirror and cache under tmp_path (the user's own caches untouched)."""
     monkeypatch.setenv("EAGLE3_TRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
-    monkeypatch.setenv(S.MIRROR_ENV, str(tmp_path / "mirror"))
+    monkeypatch.setenv(MIRROR_ENV, str(tmp_path / "mirror"))
     return tmp_path / "mirror"
 
 
@@ -177,6 +178,22 @@ def test_any_hub_dataset_by_spec(mirror):
         load_prompts("hub:not a dataset")
 
 
+def test_a_hub_spec_is_read_by_the_data_grammar():
+    """`hub:` takes what `--data` takes of a Hub dataset (data_spec.py), then `#FIELD`; not `:N` or `%W`."""
+    from eagle3_train.assets.data_spec import parse_spec
+
+    for text in ("hub:Org-1/my.set_2:cfg@val#field", "hub:org/name@train", "HUB:org/name:main"):
+        found, spec = S.lookup(text)[0], parse_spec(text.partition("#")[0])
+        assert (found.repo, found.config, found.split) == (spec.source, spec.config, spec.split or "test")
+    assert S.lookup("hub:Org-1/my.set_2:cfg@val#field")[0].fields == ("field",)
+    for text, pattern in [("hub:org/name:500", r"takes no :N .*--limit"), ("hub:org/name@test%3", "takes no %W"),
+                          ("hub:org/name@test#a b", "bad field 'a b'"), ("hub:org/name@", "no split name after '@'"),
+                          ("hub:org/na me", "'org/na me' is not a Hub dataset id ORG/NAME")]:
+        with pytest.raises(Eagle3InputError, match=pattern) as e:
+            S.lookup(text)
+        assert str(e.value).startswith(f"--prompts {text!r}: ") and "expected hub:ORG/NAME" in str(e.value)
+
+
 def test_names_aliases_and_errors(mirror):
     for s in S.SETS:
         for name in (s.name, *s.aliases, s.name.upper()):
@@ -195,7 +212,7 @@ def test_names_aliases_and_errors(mirror):
 
 
 def test_without_the_hub_the_error_says_what_to_fetch_and_where_to_put_it(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in (S.MIRROR_ENV, "HF_DATASETS_CACHE")}
+    env = {k: v for k, v in os.environ.items() if k not in (MIRROR_ENV, "HF_DATASETS_CACHE")}
     env.update(EAGLE3_TRAIN_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
     r = subprocess.run([sys.executable, "-m", "eagle3_train.evaluate.prompt_sets", "--fetch", "gsm8k"], env=env,
@@ -203,7 +220,7 @@ def test_without_the_hub_the_error_says_what_to_fetch_and_where_to_put_it(tmp_pa
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "openai/gsm8k (config main, split test)" in r.stderr
     assert f"copy that file to {tmp_path / 'cache' / 'prompts' / 'gsm8k.jsonl'}" in r.stderr
-    assert f"${S.MIRROR_ENV}/openai/gsm8k" in r.stderr
+    assert f"${MIRROR_ENV}/openai/gsm8k" in r.stderr
     assert not (tmp_path / "cache" / "prompts" / "gsm8k.jsonl").exists()
 
 

@@ -7,7 +7,8 @@ reading it, torn tails and broken records included, is `conversation_files.py`, 
 messages is `conversation_records.py`.
 
 Python API: `load_conversations(source, limit=None, skip_bad_records=False) -> (Iterator[Conversation], SourceInfo)`,
-`resolve_source(source) -> Path`, `sharegpt_path() -> Path`; `source` is one `--data` value or a list of them.
+`resolve_source(source, cached_only=False) -> Path`, `sharegpt_path() -> Path`; `source` is one `--data` value or a
+list of them.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ __all__ = ["EMBEDDED_SHAREGPT", "load_conversations", "regeneration_record", "re
 _BAD_EXAMPLES = 5
 
 
-def resolve_source(source: DataSource) -> Path:
-    """The one file `source` names: a file as it is, a dataset's or a mixture's file in the data cache."""
-    return resolve(source).path
+def resolve_source(source: DataSource, cached_only: bool = False) -> Path:
+    """The one file `source` names: a file as it is, a dataset's or a mixture's file in the data cache. With
+    `cached_only` (a dry run), a dataset the cache lacks raises `hub_datasets.NotFetched` instead of being fetched."""
+    return resolve(source, cached_only).path
 
 
 def load_conversations(source: DataSource, limit: int | None = None, skip_bad_records: bool = False

@@ -6,16 +6,16 @@ A value is, in this order: a path that exists as written (a .json/.jsonl file; a
 embedded ShareGPT file), a preset (`data_presets.py`), or a Hub dataset id `ORG/NAME` (`hub:ORG/NAME` skips the
 first three). Datasets and presets become a JSON Lines file in the data cache (`hub_datasets.py`). One value without
 `:N`, or one dataset, is read as is; anything else (several values, or a file cut with `:N`) is one mixture file
-(`data_mixture.py`).
+(`data_mixture.py`). With `cached_only` (a dry run) no dataset is read with `datasets` and none is written to the
+cache: the sources the cache lacks raise one `NotFetched` naming what a run would fetch.
 
-Python API: `resolve(data) -> Resolved` (path, a record of each source, how a `generate` output was regenerated),
-`sharegpt_path() -> Path`.
+Python API: `resolve(data, cached_only=False) -> Resolved` (path, a record of each source, how a `generate` output
+was regenerated), `sharegpt_path() -> Path`.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,13 +23,12 @@ from typing import Any
 from eagle3_train.assets import data_presets
 from eagle3_train.assets.conversation_files import regeneration_record
 from eagle3_train.assets.data_mixture import Part, Resolved, check_weights, mix
-from eagle3_train.assets.data_spec import DataSource, DataSpec, data_items, parse_spec
-from eagle3_train.assets.hub_datasets import HubSource, fetch
+from eagle3_train.assets.data_spec import DataSource, DataSpec, data_items, is_hub_id, parse_spec
+from eagle3_train.assets.hub_datasets import HubSource, NotFetched, fetch
 from eagle3_train.utils.io import Eagle3InputError
 
 EMBEDDED_SHAREGPT = "sharegpt"
 GENERATED = "conversations.jsonl"  # what a `generate` output directory holds
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 EXPECTED = (f"'{EMBEDDED_SHAREGPT}', a dataset preset ({', '.join(p.name for p in data_presets.PRESETS)}), a Hub "
             f"dataset id ORG/NAME[:CONFIG][@SPLIT][:N], a .json/.jsonl file of conversations, a dataset directory, "
             f"or a `generate` output directory")
@@ -63,8 +62,8 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def _dataset(spec: DataSpec, src: HubSource) -> Part:
-    path, record = fetch(src, spec.text)
+def _dataset(spec: DataSpec, src: HubSource, cached_only: bool) -> Part:
+    path, record = fetch(src, spec.text, cached_only)
     return Part(spec, path, dict(record))
 
 
@@ -81,8 +80,9 @@ def _not_found(spec: DataSpec) -> Eagle3InputError:
     return Eagle3InputError(f"data source not found: {Path(s).expanduser()} (expected {EXPECTED})")
 
 
-def locate(spec: DataSpec) -> Part:
-    """The file one `--data` value names, fetched into the data cache where it is a dataset."""
+def locate(spec: DataSpec, cached_only: bool = False) -> Part:
+    """The file one `--data` value names, fetched into the data cache where it is a dataset (with `cached_only`:
+    found there, else NotFetched)."""
     s = spec.source
     if not spec.hub:
         if s == EMBEDDED_SHAREGPT:
@@ -98,12 +98,13 @@ def locate(spec: DataSpec) -> Part:
             return Part(spec, p / GENERATED, {"kind": "generate", "dataset": str(p.resolve())}, spec.limit)
         if p.is_dir():
             return _dataset(spec, HubSource(str(p.resolve()), spec.config, spec.split, spec.limit,
-                                            label=p.resolve().name, kind="dataset-dir"))
+                                            label=p.resolve().name, kind="dataset-dir"), cached_only)
         found = data_presets.preset(s)
         if found is not None:
-            return _dataset(spec, data_presets.hub_source(found, spec.config, spec.split, spec.limit))
-    if _HUB_ID.fullmatch(s) and not s.lower().endswith((".json", ".jsonl")):
-        return _dataset(spec, HubSource(s, spec.config, spec.split, spec.limit, label=s.rsplit("/", 1)[1]))
+            return _dataset(spec, data_presets.hub_source(found, spec.config, spec.split, spec.limit), cached_only)
+    if is_hub_id(s):
+        return _dataset(spec, HubSource(s, spec.config, spec.split, spec.limit, label=s.rsplit("/", 1)[1]),
+                        cached_only)
     raise _not_found(spec)
 
 
@@ -118,11 +119,19 @@ def _regeneration(parts: list[Part]) -> dict[str, Any] | None:
     return found[0][1] if found else None
 
 
-def resolve(data: DataSource) -> Resolved:
-    """The one file `data` names (a single source as it is, several mixed), with a record of each source."""
+def resolve(data: DataSource, cached_only: bool = False) -> Resolved:
+    """The one file `data` names (a single source as it is, several mixed), with a record of each source. With
+    `cached_only`, every source the data cache lacks is named in one NotFetched, and none is fetched."""
     specs = [parse_spec(text) for text in data_items(data)]
     check_weights(specs)
-    parts = [locate(spec) for spec in specs]
+    parts, missing = [], []
+    for spec in specs:
+        try:
+            parts.append(locate(spec, cached_only))
+        except NotFetched as e:  # only with cached_only: the others are looked up too, to name them all at once
+            missing.append(str(e))
+    if missing:
+        raise NotFetched("; ".join(missing))
     regeneration = _regeneration(parts)
     if len(parts) == 1 and parts[0].read_limit is None:
         part = parts[0]

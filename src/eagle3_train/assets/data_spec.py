@@ -7,7 +7,13 @@ and `@SPLIT` pick the dataset's config and split; `:N` keeps the first N rows; `
 `:N` is always N. None of the separators needs quoting in bash. A value that names an existing file or directory as a
 whole is that path, whatever characters it holds.
 
-Python API: `parse_spec(text) -> DataSpec`, `data_items(data) -> list[str]`, `describe(data) -> str`.
+The same grammar names a Hub dataset wherever the tool reads one: `parse_hub_spec(text, grammar)` reads
+`hub:ORG/NAME[:CONFIG][@SPLIT]` alone (no path, preset, N or weight) for settings that take only Hub datasets, as
+`--prompts` does (evaluate/prompt_sets.py adds its `#FIELD` after it); `grammar` names the setting in messages.
+
+Python API: `parse_spec(text) -> DataSpec`, `parse_hub_spec(text, grammar, shown=None) -> DataSpec`,
+`is_hub_id(source) -> bool`, `Grammar`, `check_name(grammar, text, value, what)`, `data_items(data) -> list[str]`,
+`describe(data) -> str`.
 """
 
 from __future__ import annotations
@@ -26,6 +32,21 @@ DataSource = str | Path | Sequence[str | Path]
 HUB_PREFIX = "hub:"
 SYNTAX = "SOURCE[:CONFIG][@SPLIT][:N][%W]"
 _NAME = re.compile(r"[\w.+-]+")  # a config or split name (datasets' own `train[:10%]` slicing is not read)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME as the Hub spells dataset ids
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """The setting a spec was given to, for its messages: the flag, the syntax it takes and examples of it."""
+    flag: str
+    syntax: str
+    examples: str
+
+    def error(self, text: str, what: str) -> Eagle3InputError:
+        return Eagle3InputError(f"{self.flag} {text!r}: {what} (expected {self.syntax}, e.g. {self.examples})")
+
+
+DATA_GRAMMAR = Grammar("--data", SYNTAX, "sharegpt:2000, openai/gsm8k:main@train:500, ultrachat%70; docs/DATA.md")
 
 
 @dataclass(frozen=True)
@@ -52,24 +73,25 @@ def describe(data: DataSource) -> str:
     return " + ".join(data_items(data))
 
 
-def _error(text: str, what: str) -> Eagle3InputError:
-    return Eagle3InputError(f"--data {text!r}: {what} (expected {SYNTAX}, e.g. sharegpt:2000, "
-                            f"openai/gsm8k:main@train:500, ultrachat%70; docs/DATA.md)")
+def is_hub_id(source: str) -> bool:
+    """Whether SOURCE is spelled as a Hub dataset id ORG/NAME (a missing .json/.jsonl file's path is not one)."""
+    return bool(_HUB_ID.fullmatch(source)) and not source.lower().endswith((".json", ".jsonl"))
 
 
-def _slice(text: str, n: str) -> int:
+def _slice(g: Grammar, text: str, n: str) -> int:
     if not n.isdigit() or int(n) < 1:
-        raise _error(text, f"bad slice ':{n}': N is the number of rows to keep from the start, a whole number >= 1")
+        raise g.error(text, f"bad slice ':{n}': N is the number of rows to keep from the start, a whole number >= 1")
     return int(n)
 
 
-def _name(text: str, value: str, what: str) -> str:
+def check_name(g: Grammar, text: str, value: str, what: str) -> str:
+    """A config, split or field name as the grammar takes it."""
     if not _NAME.fullmatch(value):
-        raise _error(text, f"bad {what} {value!r}: letters, digits and . _ + - only")
+        raise g.error(text, f"bad {what} {value!r}: letters, digits and . _ + - only")
     return value
 
 
-def _weight(text: str, body: str) -> tuple[str, float | None]:
+def _weight(g: Grammar, text: str, body: str) -> tuple[str, float | None]:
     if "%" not in body:
         return body, None
     body, _, w = body.rpartition("%")
@@ -78,8 +100,8 @@ def _weight(text: str, body: str) -> tuple[str, float | None]:
     except ValueError:
         weight = math.nan
     if not math.isfinite(weight) or weight <= 0:
-        raise _error(text, f"bad weight '%{w}': W is a number > 0, the source's share relative to the other --data "
-                           f"weights")
+        raise g.error(text, f"bad weight '%{w}': W is a number > 0, the source's share relative to the other --data "
+                            f"weights")
     return body, weight
 
 
@@ -87,33 +109,56 @@ def parse_spec(text: str) -> DataSpec:
     """One `--data` value as a DataSpec (its parts checked, the source not looked up yet)."""
     raw = str(text).strip()
     if not raw:
-        raise _error(str(text), "empty value")
+        raise DATA_GRAMMAR.error(str(text), "empty value")
     if Path(raw).expanduser().exists():  # an existing path is itself, even with ':', '@' or '%' in its name
         return DataSpec(raw, raw)
     hub = raw.lower().startswith(HUB_PREFIX)
-    body, weight = _weight(raw, raw[len(HUB_PREFIX):] if hub else raw)
+    return _parse(DATA_GRAMMAR, raw, raw[len(HUB_PREFIX):] if hub else raw, hub)
+
+
+def parse_hub_spec(text: str, grammar: Grammar, shown: str | None = None) -> DataSpec:
+    """`hub:ORG/NAME[:CONFIG][@SPLIT]` for a setting that takes only Hub datasets: the same grammar as `--data`, less
+    `:N` and `%W` (such a setting has its own limit). `shown` is the whole value as given, for messages, where the
+    setting adds a suffix of its own (`--prompts`: `#FIELD`)."""
+    raw, shown = str(text).strip(), shown or str(text)
+    if not raw.lower().startswith(HUB_PREFIX):
+        raise grammar.error(shown, f"no {HUB_PREFIX!r} before the dataset id")
+    spec = _parse(grammar, shown, raw[len(HUB_PREFIX):], hub=True)
+    if not is_hub_id(spec.source):
+        raise grammar.error(shown, f"{spec.source!r} is not a Hub dataset id ORG/NAME")
+    if spec.limit is not None:
+        raise grammar.error(shown, f"{grammar.flag} takes no :N (a number after ':' is read as N, not as a config; "
+                                   f"--limit sets how many are read)")
+    if spec.weight is not None:
+        raise grammar.error(shown, f"{grammar.flag} takes no %W (a weight in a mixture of --data sources)")
+    return spec
+
+
+def _parse(g: Grammar, raw: str, body: str, hub: bool) -> DataSpec:
+    """SOURCE[:CONFIG][@SPLIT][:N][%W] of `body`; `raw`, the value as given, names it in messages."""
+    body, weight = _weight(g, raw, body)
     config = split = limit = None
     if "@" in body:
         left, _, right = body.rpartition("@")
         split_name, sep, n = right.partition(":")
         if not split_name:
-            raise _error(raw, "no split name after '@'")
-        split = _name(raw, split_name, "split")
-        limit = _slice(raw, n) if sep else None
+            raise g.error(raw, "no split name after '@'")
+        split = check_name(g, raw, split_name, "split")
+        limit = _slice(g, raw, n) if sep else None
         source, sep, config_name = left.partition(":")
         if sep:
-            config = _name(raw, config_name, "config")
+            config = check_name(g, raw, config_name, "config")
     else:
         source, *rest = body.split(":")
         if len(rest) > 2:
-            raise _error(raw, "too many ':' (one for the config, one for N)")
+            raise g.error(raw, "too many ':' (one for the config, one for N)")
         if rest and rest[-1].isdigit():
-            limit = _slice(raw, rest.pop())
+            limit = _slice(g, raw, rest.pop())
         if len(rest) == 2:  # SOURCE:CONFIG:N with N not a number
-            raise _error(raw, f"bad slice ':{rest[1]}': N is the number of rows to keep from the start, a whole "
-                              f"number >= 1")
+            raise g.error(raw, f"bad slice ':{rest[1]}': N is the number of rows to keep from the start, a whole "
+                               f"number >= 1")
         if rest:
-            config = _name(raw, rest[0], "config")
+            config = check_name(g, raw, rest[0], "config")
     if not source:
-        raise _error(raw, "no source before ':', '@' or '%'")
+        raise g.error(raw, "no source before ':', '@' or '%'")
     return DataSpec(raw, source, config, split, limit, weight, hub)

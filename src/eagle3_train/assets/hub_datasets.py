@@ -15,7 +15,14 @@ Caches: ours in `$EAGLE3_TRAIN_DATA_CACHE`, default `$EAGLE3_TRAIN_CACHE/data` (
 directory's file is named by its fingerprint, so an edited directory is read again. `$EAGLE3_TRAIN_HUB_MIRROR` names
 a folder of local copies of Hub dataset repositories (`ORG/NAME/`, e.g. git clones), read instead of the Hub.
 
-Python API: `HubSource`, `fetch(source, spec_text) -> (path, record)`, `data_cache_dir()`, `datasets_cache_dir()`.
+This module is the one reader of Hub datasets: the evaluation prompt sets (evaluate/prompt_sets.py) are read through
+the same `hub_location` (mirror or Hub), `datasets_cache_dir`, `open_split` (config, split choice, revision, rows
+streamed) and `unreachable` (the error without the Hub), with their own cache of prompts. `fetch(..., cached_only=True)`
+answers from the data cache alone and raises `NotFetched` for the rest (`run --dry-run` downloads and writes nothing).
+
+Python API: `HubSource`, `fetch(source, spec_text, cached_only=False) -> (path, record)`, `NotFetched`,
+`hub_location(dataset)`, `open_split(...) -> HubSplit`, `unreachable(...)`, `data_cache_dir()`,
+`datasets_cache_dir()`.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ CACHE_ENV = "EAGLE3_TRAIN_DATA_CACHE"
 MIRROR_ENV = "EAGLE3_TRAIN_HUB_MIRROR"
 KINDS = ("preset", "hub", "dataset-dir")
 _COMMIT = re.compile(r"@([0-9a-f]{40})/")  # the Hub revision in a resolved data file URL
+
+
+class NotFetched(Eagle3InputError):
+    """A source the data cache does not hold yet, met where nothing may be downloaded or written (a dry run)."""
 
 
 def data_cache_dir() -> Path:
@@ -89,9 +100,10 @@ def _cached_record(path: Path, src: HubSource) -> dict[str, Any]:
             "rows": None, "limit": src.limit}
 
 
-def fetch(src: HubSource, spec: str) -> tuple[Path, dict[str, Any]]:
+def fetch(src: HubSource, spec: str, cached_only: bool = False) -> tuple[Path, dict[str, Any]]:
     """The source's JSON Lines file in the data cache (written once) and its record (dataset, config, split,
-    revision, rows). `spec` is the `--data` value it came from, for messages."""
+    revision, rows). `spec` is the `--data` value it came from, for messages. With `cached_only`, nothing is read
+    with `datasets` or written: a source the cache does not hold yet raises NotFetched saying what a run would do."""
     cache = data_cache_dir()
     if src.kind != "dataset-dir":
         path = cache / f"{src.cache_name(src.limit)}.jsonl"
@@ -99,7 +111,12 @@ def fetch(src: HubSource, spec: str) -> tuple[Path, dict[str, Any]]:
             return path, _cached_record(path, src)
         whole = cache / f"{src.cache_name(None)}.jsonl"
         if src.limit is not None and whole.is_file():  # the first N rows of a split already fetched whole
+            if cached_only:
+                raise NotFetched(f"--data {spec}: not cut yet: would take the first {src.limit} rows of {whole}")
             return path, _cut(whole, path, src)
+    if cached_only:  # a local directory's file is named by a fingerprint only `datasets` can take (it writes locks)
+        verb = "read the dataset directory" if src.kind == "dataset-dir" else "fetch"
+        raise NotFetched(f"--data {spec}: not fetched yet: would {verb} {_described(src)}")
     read_from = _read_from(src)
     try:
         return _fetch(src, spec, read_from, cache)
@@ -109,14 +126,23 @@ def fetch(src: HubSource, spec: str) -> tuple[Path, dict[str, Any]]:
         raise _unreadable(src, spec, read_from, e) from None
 
 
+def _described(src: HubSource) -> str:
+    return f"{src.dataset} (config {src.config or 'default'}, split {src.split or 'default'})"
+
+
+def hub_location(dataset: str) -> str:
+    """Where `datasets` reads the Hub dataset ORG/NAME: its local copy under $EAGLE3_TRAIN_HUB_MIRROR when there is
+    one, else the Hub id."""
+    mirror = os.environ.get(MIRROR_ENV)
+    local = Path(mirror).expanduser() / dataset if mirror else None
+    return str(local) if local is not None and local.is_dir() else dataset
+
+
 def _read_from(src: HubSource) -> str:
-    """Where `datasets` reads the source: the local directory, the Hub repository's local copy under
-    $EAGLE3_TRAIN_HUB_MIRROR when there is one, else the Hub id."""
+    """Where `datasets` reads the source: the local directory, else `hub_location`."""
     if src.kind == "dataset-dir":
         return str(Path(src.dataset).expanduser().resolve())
-    mirror = os.environ.get(MIRROR_ENV)
-    local = Path(mirror).expanduser() / src.dataset if mirror else None
-    return str(local) if local is not None and local.is_dir() else src.dataset
+    return hub_location(src.dataset)
 
 
 def _cut(whole: Path, path: Path, src: HubSource) -> dict[str, Any]:
@@ -134,38 +160,34 @@ def _cut(whole: Path, path: Path, src: HubSource) -> dict[str, Any]:
 
 
 def _fetch(src: HubSource, spec: str, read_from: str, cache: Path) -> tuple[Path, dict[str, Any]]:
-    import datasets
-
-    local = Path(read_from).is_dir()
     try:
-        builder = datasets.load_dataset_builder(read_from, src.config, cache_dir=datasets_cache_dir())
-    except ValueError as e:  # a config that is not there, or none given where there are several
-        raise Eagle3InputError(f"--data {spec}: {_configs_problem(read_from, src, e)}") from None
+        opened = open_split(f"--data {spec}", src.dataset, read_from, src.config, src.split)
     except FileNotFoundError as e:
         if src.kind != "dataset-dir":
             raise
         raise Eagle3InputError(f"data directory {read_from} has no conversations.jsonl (a `generate` output) and no "
                                f"data files `datasets` reads ({str(e)[:200]}); expected one of those, or a "
                                f"README.md with `configs:` naming its files (docs/DATA.md)") from None
-    split = _split(builder, src, spec)
-    revision = _fingerprint(builder, split) if src.kind == "dataset-dir" else _commit(builder)
-    path = cache / (f"local/{src.cache_name(src.limit)}-{revision[:12]}.jsonl" if src.kind == "dataset-dir"
+    split = opened.split
+    revision = _fingerprint(opened.builder, split) if src.kind == "dataset-dir" else opened.revision
+    path = cache / (f"local/{src.cache_name(src.limit)}-{(revision or '')[:12]}.jsonl" if src.kind == "dataset-dir"
                     else f"{src.cache_name(src.limit)}.jsonl")
     if path.is_file():
         return path, _cached_record(path, src)
-    streamed = src.limit is not None or local
-    log.info("reading %s (config %s, split %s%s) with datasets into %s", src.dataset, builder.config.name, split,
+    # a local directory is streamed too: a prepared copy in datasets' cache would go stale when it is edited
+    streamed = src.limit is not None or Path(read_from).is_dir()
+    log.info("reading %s (config %s, split %s%s) with datasets into %s", src.dataset, opened.config, split,
              f", first {src.limit} rows" if src.limit else "", path)
     if streamed:
-        rows: Iterable[dict[str, Any]] = builder.as_streaming_dataset(split=split)
+        rows: Iterable[dict[str, Any]] = opened.rows()
         if src.limit is not None:  # not `.take(N)`: after its N rows it still opens the split's next file
             rows = itertools.islice(rows, src.limit)
     else:
-        builder.download_and_prepare()
-        rows = builder.as_dataset(split=split)
-    where = f"--data {spec}: {src.dataset} (config {builder.config.name}, split {split})"
+        opened.builder.download_and_prepare()
+        rows = opened.builder.as_dataset(split=split)
+    where = f"--data {spec}: {src.dataset} (config {opened.config}, split {split})"
     n = _write_rows(rows, path, src, where)
-    record = {"kind": src.kind, "dataset": src.dataset, "config": builder.config.name, "split": split,
+    record = {"kind": src.kind, "dataset": src.dataset, "config": opened.config, "split": split,
               "revision": revision, "rows": n, "limit": src.limit, "streamed": streamed, "read_from": read_from}
     write_json(_source_file(path), record)
     return path, record
@@ -195,38 +217,84 @@ def _row_record(row: dict[str, Any], index: int, src: HubSource, where: str) -> 
     return {"id": str(own) if own not in (None, "") else f"{src.label}-{index}", **kept}
 
 
-def _configs_problem(read_from: str, src: HubSource, e: ValueError) -> str:
+@dataclass(frozen=True)
+class HubSplit:
+    """One split of a dataset, opened with `datasets` (no row read yet)."""
+    builder: Any  # the `datasets` builder: streamed by `rows`, or downloaded and prepared whole by the caller
+    config: str  # the config read: the one asked for, else the dataset's default (or only) one
+    split: str
+    revision: str | None  # the Hub commit the data files are read at; None for a local copy (it has none)
+
+    def rows(self) -> Iterable[dict[str, Any]]:
+        """The split's rows, streamed: only the files (and the parts of them) that are iterated over are read."""
+        return self.builder.as_streaming_dataset(split=self.split)
+
+
+def open_split(label: str, dataset: str, read_from: str, config: str | None, split: str | None,
+               revision: str | None = None) -> HubSplit:
+    """`dataset`'s split, read from `read_from` (`hub_location`, or a local dataset directory): `split` (checked),
+    else `train`, else its only split; `revision` pins a Hub commit. A config or split the dataset lacks is an
+    Eagle3InputError that starts with `label` (what asked for it: `--data SPEC`) and lists the ones it has; anything
+    else (no network, gated, a broken copy) is raised as `datasets` raised it, for the caller's `unreachable`."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(read_from, config, revision=revision, cache_dir=datasets_cache_dir())
+    except ValueError as e:  # a config that is not there, or none given where there are several
+        raise Eagle3InputError(f"{label}: {_configs_problem(dataset, read_from, config, e)}") from None
+    return HubSplit(builder, builder.config.name, _split(label, dataset, builder, split), _commit(builder, read_from))
+
+
+def unreachable(label: str, dataset: str, config: str | None, split: str | None, read_from: str, error: Exception,
+                hint: str) -> Eagle3InputError:
+    """The error for a Hub dataset that could not be read (no network, offline, gated, no such dataset, a broken
+    copy): `label` says what asked for it, `hint` is the caller's own way around it (which command writes which
+    cache file, which option takes a file instead); the mirror is offered after it. One line."""
+    where = f"{dataset} (config {config or 'default'}, split {split or 'default'})"
+    place = "here" if read_from == dataset else f"from its copy at {read_from}"
+    said = " ".join(str(error).split())[:300]  # one line, whatever `datasets` wrapped
+    gated = any(w in said.lower() for w in ("gated", "401", "403", "unauthorized"))
+    login = (" If the dataset is gated, accept its terms on its Hub page and log in (hf auth login, or HF_TOKEN)."
+             if gated else "")
+    return Eagle3InputError(f"{label}: {where} is on the Hugging Face Hub, which could not be read {place} "
+                            f"({type(error).__name__}: {said}).{login} {hint}; or put a copy of the dataset "
+                            f"repository at ${MIRROR_ENV}/{dataset}")
+
+
+def _configs_problem(dataset: str, read_from: str, config: str | None, e: ValueError) -> str:
     import datasets
 
     try:
         names = datasets.get_dataset_config_names(read_from, cache_dir=datasets_cache_dir())
     except Exception:  # noqa: BLE001 - `datasets`' own message stands without the list
         names = []
-    if names and src.config is not None and src.config not in names:
-        return f"{src.dataset} has no config {src.config!r}; its configs: {', '.join(names)}"
-    if src.config is None and len(names) > 1:
-        return f"{src.dataset} has several configs: pick one with :CONFIG ({', '.join(names)})"
-    return f"{src.dataset}: {str(e).splitlines()[0][:300]}"
+    if names and config is not None and config not in names:
+        return f"{dataset} has no config {config!r}; its configs: {', '.join(names)}"
+    if config is None and len(names) > 1:
+        return f"{dataset} has several configs: pick one with :CONFIG ({', '.join(names)})"
+    return f"{dataset}: {str(e).splitlines()[0][:300]}"
 
 
-def _split(builder: Any, src: HubSource, spec: str) -> str:
+def _split(label: str, dataset: str, builder: Any, split: str | None) -> str:
     """The split to read: the one asked for (checked), else `train`, else the only one."""
     names = list(builder.info.splits or {}) or list(builder.config.data_files or {})
-    where = f"{src.dataset} (config {builder.config.name})"
-    if src.split is None:
+    where = f"{dataset} (config {builder.config.name})"
+    if split is None:
         if "train" in names or not names:
             return "train"
         if len(names) == 1:
             return names[0]
-        raise Eagle3InputError(f"--data {spec}: {where} has no split 'train': pick one with @SPLIT "
-                               f"({', '.join(names)})")
-    if names and src.split not in names:
-        raise Eagle3InputError(f"--data {spec}: {where} has no split {src.split!r}; its splits: {', '.join(names)}")
-    return src.split
+        raise Eagle3InputError(f"{label}: {where} has no split 'train': pick one with @SPLIT ({', '.join(names)})")
+    if names and split not in names:
+        raise Eagle3InputError(f"{label}: {where} has no split {split!r}; its splits: {', '.join(names)}")
+    return split
 
 
-def _commit(builder: Any) -> str | None:
-    """The Hub commit the data files are read at (the builder's hash where the files do not say)."""
+def _commit(builder: Any, read_from: str) -> str | None:
+    """The Hub commit the data files are read at (the builder's hash, which is the commit for a Hub dataset, where
+    the files do not say); None for a local directory, a mirror's copy included: it has no Hub commit."""
+    if Path(read_from).is_dir():
+        return None
     files = [str(f) for fs in (builder.config.data_files or {}).values() for f in fs]
     return next((m.group(1) for f in files if (m := _COMMIT.search(f))), None) or builder.hash
 
@@ -243,14 +311,11 @@ def _fingerprint(builder: Any, split: str) -> str:
 
 
 def _unreadable(src: HubSource, spec: str, read_from: str, e: Exception) -> Eagle3InputError:
-    where = f"{src.dataset} (config {src.config or 'default'}, split {src.split or 'default'})"
     if src.kind == "dataset-dir":
-        return Eagle3InputError(f"--data {spec}: the dataset directory {where} could not be read with `datasets` "
-                                f"({type(e).__name__}: {str(e)[:300]})")
+        return Eagle3InputError(f"--data {spec}: the dataset directory {_described(src)} could not be read with "
+                                f"`datasets` ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
     path = data_cache_dir() / f"{src.cache_name(src.limit)}.jsonl"
-    return Eagle3InputError(
-        f"--data {spec}: {where} is on the Hugging Face Hub, which could not be read from {read_from} "
-        f"({type(e).__name__}: {str(e)[:300]}). Where the Hub is reachable, run `eagle3-train prepare --data {spec} "
-        f"...` once (it writes {path}) and copy that file to {path} on this machine ({CACHE_ENV} moves the cache); "
-        f"or put a copy of the dataset repository at ${MIRROR_ENV}/{src.dataset}; or pass a JSON Lines file of "
-        f"conversations with --data FILE")
+    return unreachable(f"--data {spec}", src.dataset, src.config, src.split, read_from, e,
+                       f"Where the Hub is reachable, run `eagle3-train prepare --data {spec} ...` once (it writes "
+                       f"{path}) and copy that file to {path} on this machine ({CACHE_ENV} moves the cache); or pass "
+                       f"a JSON Lines file of conversations with --data FILE")

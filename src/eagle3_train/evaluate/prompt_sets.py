@@ -2,13 +2,15 @@
 or any dataset as `hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD]` (split `test` unless given; the field holding the prompt is
 found by name unless given).
 
-The first use streams the split with `datasets` (only that split's files are read, and with `--limit N` only its first
-N rows: a large set is not downloaded whole) and writes the prompts once as JSON Lines under the tool's cache:
-`$EAGLE3_TRAIN_CACHE/prompts/NAME.jsonl` for the whole set, `NAME.first.jsonl` for the first N (any later limit up to
-N reads it), each beside a `.source.json` recording the dataset id, config, split and the Hub revision read. The cache
-files are ordinary prompt files (`id`, `benchmark`, `turns`). Without the Hub the error says which dataset and split to
-fetch and where to put the file. `$EAGLE3_TRAIN_HUB_MIRROR` names a folder of local copies of Hub dataset repositories
-(`ORG/NAME/`, e.g. git clones), read instead of the Hub through the same code.
+The datasets are read as training data is (assets/hub_datasets.py: `$EAGLE3_TRAIN_HUB_MIRROR` or the Hub, `datasets`'
+cache, the config and split, the revision, the error without the Hub) and a `hub:` value is parsed by the `--data`
+grammar (assets/data_spec.py) with `#FIELD` added here. What is this module's own: the table of named sets, how a row
+becomes a prompt, and the prompts' cache. The first use streams the split (only that split's files are read, and with
+`--limit N` only its first N rows: a large set is not downloaded whole) and writes the prompts once as JSON Lines
+under the tool's cache: `$EAGLE3_TRAIN_CACHE/prompts/NAME.jsonl` for the whole set, `NAME.first.jsonl` for the first
+N (any later limit up to N reads it), each beside a `.source.json` recording the dataset id, config, split and the Hub
+revision read. The cache files are ordinary prompt files (`id`, `benchmark`, `turns`). Without the Hub the error says
+which dataset and split to fetch and where to put the file.
 
 SPEED-Bench (`nvidia/SPEED-Bench`, config `qualitative`: 880 prompts, 80 in each of 11 categories, some multi-turn)
 ships a placeholder instead of the text of rows whose source may not be redistributed. Those rows are skipped with a
@@ -22,20 +24,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.data_spec import HUB_PREFIX, Grammar, check_name, parse_hub_spec
+from eagle3_train.assets.hub_datasets import hub_location, open_split, unreachable
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, write_json
 from eagle3_train.utils.paths import cache_dir as tool_cache_dir
 
 log = logging.getLogger(__name__)
 
-MIRROR_ENV = "EAGLE3_TRAIN_HUB_MIRROR"
-HUB_PREFIX = "hub:"
+HUB_SYNTAX = "hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD]"
+_GRAMMAR = Grammar("--prompts", HUB_SYNTAX, "hub:openai/gsm8k:main@test#question")
 # What SPEED-Bench ships instead of text it may not redistribute: measuring acceptance on it would be meaningless.
 PLACEHOLDER = "FULL BENCHMARK DATA SHOULD BE FETCHED FROM THE SOURCE"
 MATH_TEMPLATE = "{question}\n\nSolve it step by step and give the final answer in \\boxed{}."
@@ -77,7 +78,7 @@ def lookup(source: str) -> tuple[PromptSet, str | None] | None:
     """The prompt set a `--prompts` value names, and the category it selects; None when it names none."""
     text = str(source).strip()
     if text.lower().startswith(HUB_PREFIX):
-        return _parse_hub(text[len(HUB_PREFIX):]), None
+        return _parse_hub(text), None
     name, _, category = text.partition(":")
     found = _BY_NAME.get(name.lower())
     if found is None:
@@ -87,15 +88,16 @@ def lookup(source: str) -> tuple[PromptSet, str | None] | None:
     return found, category or None
 
 
-def _parse_hub(spec: str) -> PromptSet:
-    m = re.fullmatch(r"([\w.-]+/[\w.-]+)(?::([\w.-]+))?(?:@([\w.-]+))?(?:#([\w.-]+))?", spec)
-    if not m:
-        raise Eagle3InputError(f"--prompts hub:{spec}: expected hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD], e.g. "
-                               f"hub:openai/gsm8k:main@test#question")
-    repo, config, split, field = m.groups()
-    name = f"{HUB_PREFIX}{repo}{f':{config}' if config else ''}@{split or 'test'}{f'#{field}' if field else ''}"
-    return PromptSet(name, repo, config, split or "test", (field,) if field else GENERIC_FIELDS,
-                     f"{repo} from the Hub", id_fields=() if field else GENERIC_IDS)
+def _parse_hub(text: str) -> PromptSet:
+    """`hub:ORG/NAME[:CONFIG][@SPLIT]` as `--data` reads it, then this setting's own `#FIELD`."""
+    body, sep, field = text.partition("#")
+    if sep:
+        check_name(_GRAMMAR, text, field, "field")
+    spec = parse_hub_spec(body, _GRAMMAR, shown=text)
+    repo, config, split = spec.source, spec.config, spec.split or "test"
+    name = f"{HUB_PREFIX}{repo}{f':{config}' if config else ''}@{split}{f'#{field}' if field else ''}"
+    return PromptSet(name, repo, config, split, (field,) if field else GENERIC_FIELDS, f"{repo} from the Hub",
+                     id_fields=() if field else GENERIC_IDS)
 
 
 def cache_dir() -> Path:
@@ -105,13 +107,6 @@ def cache_dir() -> Path:
 def cached_path(s: PromptSet, complete: bool = True) -> Path:
     stem = s.name.replace("/", "~")  # a hub: name's ORG/NAME (no name has a "~": the file names stay distinct)
     return cache_dir() / (f"{stem}.jsonl" if complete else f"{stem}.first.jsonl")
-
-
-def source_of(s: PromptSet) -> str:
-    """Where the set is read from: its local copy under $EAGLE3_TRAIN_HUB_MIRROR when there is one, else its Hub id."""
-    mirror = os.environ.get(MIRROR_ENV)
-    local = Path(mirror).expanduser() / s.repo if mirror else None
-    return str(local) if local is not None and local.is_dir() else s.repo
 
 
 def load(s: PromptSet, limit: int | None = None, category: str | None = None) -> list[dict[str, Any]]:
@@ -153,12 +148,13 @@ def _read_cache(path: Path, s: PromptSet) -> list[dict[str, Any]] | None:
 
 def fetch(s: PromptSet, limit: int | None = None) -> list[dict[str, Any]]:
     """Stream the split with `datasets` and cache its first `limit` usable prompts (all: None)."""
-    source = source_of(s)
+    source = hub_location(s.repo)
     skipped = 0
     try:
-        rows, revision = _stream(s, source)
+        opened = open_split(f"prompt set {s.name!r}", s.repo, source, s.config, s.split, revision=s.revision)
+        revision = opened.revision
         records = []
-        for index, row in enumerate(rows):
+        for index, row in enumerate(opened.rows()):
             if limit is not None and len(records) >= limit:
                 break  # streaming: the rows after these are never read
             rec = to_record(row, index, s)
@@ -169,7 +165,12 @@ def fetch(s: PromptSet, limit: int | None = None) -> list[dict[str, Any]]:
     except Eagle3InputError:
         raise
     except Exception as e:  # noqa: BLE001 - no network, no such dataset, auth, a broken file: one clear message
-        raise _unreachable(s, source, e) from None
+        whole = cached_path(s)
+        raise unreachable(f"prompt set {s.name!r}", s.repo, s.config, s.split, source, e,
+                          f"Where the Hub is reachable, run `python -m eagle3_train.evaluate.prompt_sets --fetch "
+                          f"{s.name}` once (it writes {whole}) and copy that file to {whole} on this machine "
+                          f"($EAGLE3_TRAIN_CACHE moves the cache); or pass the prompts as a .jsonl file with "
+                          f"--prompts FILE") from None
     if skipped:
         log.warning("%s: skipped %d row(s) without prompt text (%s ships placeholders for text it may not "
                     "redistribute; NVIDIA's Model-Optimizer examples/specdec_bench rebuilds them: pass its output "
@@ -189,36 +190,6 @@ def fetch(s: PromptSet, limit: int | None = None) -> list[dict[str, Any]]:
         first.unlink(missing_ok=True)
         first.with_suffix(".source.json").unlink(missing_ok=True)
     return records
-
-
-def _stream(s: PromptSet, source: str) -> tuple[Iterable[dict[str, Any]], str | None]:
-    """The split's rows, streamed, and the Hub commit they come from (None for a local copy)."""
-    import datasets
-
-    # datasets' own cache (locks, resolved modules) under the tool's cache unless the user placed it elsewhere
-    cache = None if os.environ.get("HF_DATASETS_CACHE") else str(tool_cache_dir() / "datasets")
-    builder = datasets.load_dataset_builder(source, s.config, revision=s.revision, cache_dir=cache)
-    splits = builder.config.data_files or {}
-    if splits and s.split not in splits:
-        raise Eagle3InputError(f"{source} (config {s.config or 'default'}) has no split {s.split!r}; its splits: "
-                               f"{', '.join(sorted(splits))}")
-    files = [str(f) for fs in splits.values() for f in fs]
-    commit = next((m.group(1) for f in files if (m := re.search(r"@([0-9a-f]{40})/", f))), None)
-    return builder.as_streaming_dataset(split=s.split), commit
-
-
-def _unreachable(s: PromptSet, source: str, e: Exception) -> Eagle3InputError:
-    where = f"{s.repo} (config {s.config or 'default'}, split {s.split})"
-    copy = f" (its copy at {source})" if source != s.repo else ""
-    gated = any(w in str(e).lower() for w in ("gated", "401", "403", "unauthorized"))
-    login = " If the dataset is gated, accept its terms on its Hub page and log in (hf auth login, or HF_TOKEN)." \
-        if gated else ""
-    return Eagle3InputError(
-        f"prompt set {s.name!r} is {where} on the Hugging Face Hub, which could not be read here{copy} "
-        f"({type(e).__name__}: {str(e)[:300]}).{login} Where the Hub is reachable, run `python -m "
-        f"eagle3_train.evaluate.prompt_sets --fetch {s.name}` once (it writes {cached_path(s)}) and copy that file to "
-        f"{cached_path(s)} on this machine ($EAGLE3_TRAIN_CACHE moves the cache); or put a copy of the dataset "
-        f"repository at ${MIRROR_ENV}/{s.repo}; or pass the prompts as a .jsonl file with --prompts FILE")
 
 
 def to_record(row: dict[str, Any], index: int, s: PromptSet) -> dict[str, Any] | None:
@@ -263,8 +234,8 @@ def markdown_table() -> str:
         names = ", ".join(f"`{n}`" for n in (s.name, *s.aliases))
         config = f" `{s.config}`" if s.config else ""
         rows.append(f"| {names} | Hub `{s.repo}`{config} | {s.split} | {s.about} |")
-    rows.append("| `hub:ORG/NAME[:CONFIG][@SPLIT][#FIELD]` | any Hub dataset | `test` unless given | the field holding "
-                "the prompt (found by name unless given) |")
+    rows.append(f"| `{HUB_SYNTAX}` | any Hub dataset | `test` unless given | the field holding the prompt (found by "
+                f"name unless given) |")
     return "\n".join(rows)
 
 

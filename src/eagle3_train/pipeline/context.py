@@ -42,6 +42,9 @@ class RunContext:
     verifier_key: dict[str, Any]
     pipeline: Any  # the Pipeline running the stages (engine.py)
     data_source: str | list[str] = ""  # what prepare reads: the configured data (several: mixed), or generate's output
+    # `run --dry-run`: keys are computed from what is on disk only; a dataset the data cache lacks is not fetched
+    # (hub_datasets.NotFetched), and nothing is written
+    dry_run: bool = False
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage name -> the key it ran (or was kept) with
     summary: dict[str, Any] = field(default_factory=dict)
 

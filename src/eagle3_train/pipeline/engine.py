@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from eagle3_train.assets.hub_datasets import NotFetched
 from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.pipeline.config import merged_config
 from eagle3_train.pipeline.context import (
@@ -116,7 +117,7 @@ class Pipeline:
         write_json(self.state_path, self.state)
         return restart
 
-    def _context(self, need: str = "weights") -> RunContext:
+    def _context(self, need: str = "weights", dry_run: bool = False) -> RunContext:
         from eagle3_train.assets.verifier import Verifier
 
         verifier = Verifier.resolve(self.cfg["verifier"], need)  # once for every stage; manifests record its name
@@ -124,7 +125,7 @@ class Pipeline:
         self.verifier_key = verifier.stage_key()
         return RunContext(cfg=self.cfg, run_dir=self.run_dir, verifier=verifier, verifier_dir=verifier.path,
                           verifier_key=self.verifier_key, pipeline=self, data_source=self.cfg["prepare"]["data"],
-                          summary=self.summary)
+                          summary=self.summary, dry_run=dry_run)
 
     @staticmethod
     def _reads(ctx: RunContext, stage: Stage) -> tuple[str, ...]:
@@ -167,7 +168,8 @@ class Pipeline:
         from eagle3_train.settings.train import TrainConfig
         from eagle3_train.train.dry_run import dry_run, format_report
 
-        ctx = self._context(need="tokenizer")  # a hub verifier's weights are not downloaded to check a config
+        # a hub verifier's weights are not downloaded to check a config, nor a dataset to compute a stage's key
+        ctx = self._context(need="tokenizer", dry_run=True)
         train_cfg = build_settings(TrainConfig, {**train_values(ctx), "trust_remote_code": ctx.trust_remote_code},
                                    "config section 'train'")
         _check_stage_settings(ctx, train_cfg)
@@ -224,8 +226,8 @@ class Pipeline:
 
     def plan(self, ctx: RunContext | None = None) -> dict[str, tuple[str, str]]:
         """{stage instance: (what `run` would do with it, its output under run_dir)}, computed as `run` decides but
-        running nothing."""
-        ctx = ctx or self._context()
+        running, fetching and writing nothing (`ctx`: a dry-run context)."""
+        ctx = ctx or self._context(dry_run=True)
         plan: dict[str, tuple[str, str]] = {}
         for st in STAGES:
             for name, variant in st.instances(ctx):
@@ -237,16 +239,22 @@ class Pipeline:
         """What `run` would do with this stage instance, computed as `run` does but without running anything."""
         if not st.enabled(ctx):
             return f"off (section '{st.section}')"
+        unfetched = None  # what the run would fetch before it can compute the key
         try:
             key = ctx.keys[name] = st.key(ctx, variant)
+        except NotFetched as e:  # a dataset the data cache lacks: its SHA-256 is known once the run fetched it
+            key = ctx.keys[name] = None
+            unfetched = str(e)
         except (Eagle3InputError, OSError) as e:  # e.g. data that an earlier stage has yet to write
             key = ctx.keys[name] = None
             log.debug("[%s] key not computable yet: %s", name, e)
         rec, output = self.state["stages"].get(name), st.output(ctx, variant)
         if rec is None or not output.exists():
-            return "would run"
+            return f"would run ({unfetched})" if unfetched else "would run"
         reads = self._reads(ctx, st)
         first = [r for r in reads if plan.get(r, "").startswith(("would run", "done, but"))]
+        if unfetched and not first:  # the same data fetched again keeps it done; other data runs it again
+            return f"done, but may run again ({unfetched})"
         if key is None or first or not self._done(name, key, output, reads):
             why = f"{', '.join(first)} run(s) first" if first else "its settings or what it reads changed"
             return f"done, but would run again ({why})"

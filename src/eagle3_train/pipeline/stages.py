@@ -72,7 +72,7 @@ _GENERATE_PIPELINE_ONLY = ("enabled", "allow_fallback", "original_answers")  # h
 
 def _generate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     source = ctx.cfg["prepare"]["data"]
-    return {"data": source, "data_sha256": data_sha256(source), "verifier": ctx.verifier_key,
+    return {"data": source, "data_sha256": data_sha256(source, cached_only=ctx.dry_run), "verifier": ctx.verifier_key,
             **section(ctx, "generate", *_GENERATE_PIPELINE_ONLY), **with_serving(ctx)}
 
 
@@ -98,6 +98,9 @@ def _generate_use(ctx: RunContext, _v: str | None, result: Any) -> None:
             from eagle3_train.generate.pipeline_step import mix_with_originals
 
             mixed = ctx.run_dir / "generated" / "with-original-answers.jsonl"
+            if ctx.dry_run:  # the file the last run mixed stands for the one this run would write (nothing written)
+                ctx.data_source = str(mixed)
+                return
             result = {**result, "mix": mix_with_originals(
                 ctx.cfg["prepare"]["data"], Path(ctx.data_source), mixed, ctx.cfg["prepare"].get("limit"),
                 bool(ctx.cfg["prepare"].get("skip_bad_records")))}
@@ -107,8 +110,8 @@ def _generate_use(ctx: RunContext, _v: str | None, result: Any) -> None:
 
 # prepare: tokenize with the verifier's chat template and the loss mask.
 def _prepare_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
-    return {"data": str(ctx.data_source), "data_sha256": data_sha256(ctx.data_source), "verifier": ctx.verifier_key,
-            **section(ctx, "prepare", "data")}
+    return {"data": str(ctx.data_source), "data_sha256": data_sha256(ctx.data_source, cached_only=ctx.dry_run),
+            "verifier": ctx.verifier_key, **section(ctx, "prepare", "data")}
 
 
 def _prepare_run(ctx: RunContext, _v: str | None) -> Any:

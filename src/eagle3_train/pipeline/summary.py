@@ -10,10 +10,12 @@ from eagle3_train.utils.display import number
 from eagle3_train.utils.io import sha256_file
 
 
-def data_sha256(source: DataSource) -> str:
+def data_sha256(source: DataSource, cached_only: bool = False) -> str:
+    """The SHA-256 of the one file `source` names; `cached_only` (a dry run): raises hub_datasets.NotFetched for a
+    dataset the data cache lacks instead of fetching it."""
     from eagle3_train.assets.conversations import resolve_source
 
-    return sha256_file(resolve_source(source))
+    return sha256_file(resolve_source(source, cached_only))
 
 
 def counts(manifest: dict[str, Any]) -> dict[str, Any]:
