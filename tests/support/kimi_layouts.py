@@ -14,11 +14,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eagle3_train.assets.verifier import verifier_identity
-from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, ShardPlan, split_index, write_shard
 from eagle3_train.settings.train import TrainConfig
-from eagle3_train.utils.io import sha256_file, write_json
+from eagle3_train.utils.io import write_json
 from support.draft_layouts import random_token_ids, vocab_from_ids, write_sparse_safetensors
+from support.named_layouts import write_stage_outputs
 
 H, V, VD, L = 7168, 163840, 32000, 61
 HEADS, HEAD_DIM, INTER = 64, 128, 18432
@@ -126,48 +125,11 @@ def write_kimi_verifier(d: Path, with_weights: bool = True, hidden: int = H, rea
     return d
 
 
-def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int = 6, length: int = 24,
-                     hidden: int = H) -> dict:
-    """prepared/ (a DatasetDict), vocab/vocab.safetensors (32000 tokens) and hidden/ (real bf16 hidden states at
-    width 7168, written with extract's own shard writer) for `verifier`. Returns the paths."""
-    from datasets import Dataset, DatasetDict
-
-    g = torch.Generator().manual_seed(0)
-    prepared = root / "prepared"
-    splits = {"train": samples, "validation": 2}
-    rows = {s: [torch.randint(0, V, (length + i,), generator=g).tolist() for i in range(n)] for s, n in splits.items()}
-    DatasetDict({s: Dataset.from_dict({
-        "id": [f"{s}-{i}" for i in range(len(r))], "input_ids": r,
-        "loss_mask": [[0] * 4 + [1] * (len(x) - 4) for x in r], "length": [len(x) for x in r]})
-        for s, r in rows.items()}).save_to_disk(str(prepared / "dataset"))
-    write_json(prepared / "manifest.json", {"stage": "prepare", "source": "simulated Kimi-K2.5 regenerated data",
-                                            "counts": {s: len(r) for s, r in rows.items()}})
-    vocab = root / "vocab"
-    vocab.mkdir(parents=True)
-    d2t, t2d = vocab_from_ids(random_token_ids(VD, seed=12, vocab_size=V), V)
-    save_file({"d2t": d2t, "t2d": t2d}, str(vocab / "vocab.safetensors"))
-
-    hidden_dir = root / "hidden"
-    manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "complete",
-                "verifier": verifier_identity(verifier, hash_weights=False), "verifier_name": str(verifier),
-                "layer_ids": list(layer_ids), "dtype": "bfloat16", "hidden_size": hidden, "num_layers": L,
-                "prepared_manifest_sha256": sha256_file(prepared / "manifest.json"), "splits": {}}
-    total = 0
-    for split, r in rows.items():
-        (hidden_dir / split).mkdir(parents=True)
-        plan = ShardPlan(0, tuple(range(len(r))), tuple(len(x) for x in r))
-        n = plan.num_tokens
-        aux = torch.randn(n, 3 * hidden, generator=g).to(torch.bfloat16)
-        final = torch.randn(n, hidden, generator=g).to(torch.bfloat16)
-        entry = write_shard(hidden_dir / split / "shard-00000.safetensors", aux, final, plan, {"format": FORMAT})
-        write_json(hidden_dir / split / "index.json", split_index(split, [plan], {0: entry}))
-        manifest["splits"][split] = {"num_samples": len(r), "num_tokens": n, "num_shards": 1,
-                                     "bytes": entry["bytes"], "complete": True}
-        total += entry["bytes"]
-    manifest["counts"] = {"samples": sum(len(r) for r in rows.values()),
-                          "tokens": sum(len(x) for r in rows.values() for x in r), "bytes": total}
-    write_json(hidden_dir / "manifest.json", manifest)
-    return {"prepared": prepared, "vocab": vocab, "hidden": hidden_dir}
+def write_run_inputs(root: Path, verifier: Path, layer_ids=LAYERS, samples: int = 6, length: int = 24) -> dict:
+    """prepared/, vocab/vocab.safetensors (32000 tokens) and hidden/ (real bf16 hidden states at the verifier's width,
+    7168 for Kimi) for `verifier`. Returns the paths."""
+    return write_stage_outputs(root, verifier, tuple(layer_ids), draft_vocab=VD, samples=samples, length=length,
+                               hidden_dir="hidden", record_done=False, source="simulated Kimi-K2.5 regenerated data")
 
 
 def kimi_train_config(paths: dict, out: Path, **kw) -> TrainConfig:

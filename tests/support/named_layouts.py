@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from eagle3_train.assets.families import text_config
 from eagle3_train.assets.verifier import verifier_identity
 from eagle3_train.hidden_states.store import FORMAT, FORMAT_VERSION, ShardPlan, split_index, write_shard
 from eagle3_train.train.dry_run import write_header_only_safetensors
@@ -125,12 +126,15 @@ def write_qwen3_8b(d: Path) -> Path:
 
 
 def write_stage_outputs(run_dir: Path, verifier: Path, layer_ids: tuple[int, ...], draft_vocab: int = 32000,
-                        samples: int = 4, length: int = 24) -> None:
-    """What prepare, vocab and extract leave in `run_dir` for `verifier` (prepared/, vocab/, hidden_states/ and the
-    pipeline's record of those stages), so that `run --dry-run` runs `train --dry-run` on them."""
+                        samples: int = 4, length: int = 24, hidden_dir: str = "hidden_states",
+                        record_done: bool = True, source: str = "stand-in samples") -> dict[str, Path]:
+    """What prepare, vocab and extract leave in `run_dir` for `verifier`: prepared/ (a DatasetDict of random ids),
+    vocab/vocab.safetensors and `hidden_dir`/ (real bf16 hidden states at the verifier's width, written with
+    extract's own shard writer), and with `record_done` the pipeline's record of those stages, so that
+    `run --dry-run` runs `train --dry-run` on them. Returns the three paths."""
     from datasets import Dataset, DatasetDict
 
-    config = json.loads((verifier / "config.json").read_text())
+    config = text_config(json.loads((verifier / "config.json").read_text()))
     V, H, L = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
     g = torch.Generator().manual_seed(0)
     prepared = run_dir / "prepared"
@@ -140,14 +144,14 @@ def write_stage_outputs(run_dir: Path, verifier: Path, layer_ids: tuple[int, ...
         "id": [f"{s}-{i}" for i in range(len(r))], "input_ids": r,
         "loss_mask": [[0] * 4 + [1] * (len(x) - 4) for x in r], "length": [len(x) for x in r]})
         for s, r in rows.items()}).save_to_disk(str(prepared / "dataset"))
-    write_json(prepared / "manifest.json", {"stage": "prepare", "source": "stand-in samples",
+    write_json(prepared / "manifest.json", {"stage": "prepare", "source": source,
                                             "counts": {s: len(r) for s, r in rows.items()}})
     vocab = run_dir / "vocab"
     vocab.mkdir(parents=True)
     d2t, t2d = vocab_from_ids(random_token_ids(draft_vocab, seed=12, vocab_size=V), V)
     save_file({"d2t": d2t, "t2d": t2d}, str(vocab / "vocab.safetensors"))
 
-    hidden = run_dir / "hidden_states"
+    hidden = run_dir / hidden_dir
     manifest = {"stage": "extract", "format": FORMAT, "format_version": FORMAT_VERSION, "status": "complete",
                 "verifier": verifier_identity(verifier, hash_weights=False), "verifier_name": str(verifier),
                 "layer_ids": list(layer_ids), "dtype": "bfloat16", "hidden_size": H, "num_layers": L,
@@ -168,4 +172,6 @@ def write_stage_outputs(run_dir: Path, verifier: Path, layer_ids: tuple[int, ...
     write_json(hidden / "manifest.json", manifest)
     # recorded as done (with other settings: the plan says "done, but would run again", and the train dry run
     # reads the outputs that are there)
-    write_json(run_dir / "pipeline_state.json", {"stages": {s: {} for s in ("prepare", "vocab", "extract")}})
+    if record_done:
+        write_json(run_dir / "pipeline_state.json", {"stages": {s: {} for s in ("prepare", "vocab", "extract")}})
+    return {"prepared": prepared, "vocab": vocab, "hidden": hidden}
