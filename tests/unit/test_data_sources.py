@@ -288,6 +288,20 @@ def test_without_weights_every_conversation_is_used_once(tmp_path):
     assert info.duplicates_dropped == 1 and [s["rows"] for s in info.sources] == [5, 8]
 
 
+def test_cached_only_names_the_mixture_a_run_would_write_and_uses_the_one_written(tmp_path, caches):
+    """A dry run's view of a mixture: keyed from its parts alone, nothing written; NotFetched names the very file a run
+    writes, and once written it is found with the same record of each source."""
+    a, b = chats(tmp_path / "a.jsonl", "a", 3), chats(tmp_path / "b.jsonl", "b", 4)
+    data = [f"{a}:2%1", f"{b}%1"]
+    with pytest.raises(NotFetched) as e:
+        resolve(data, cached_only=True)
+    assert not caches.exists()
+    built = resolve(data)
+    assert str(e.value) == f"--data {data[0]} --data {data[1]}: mixture not built yet: would write {built.path}"
+    found = resolve(data, cached_only=True)
+    assert (found.path, found.sources) == (built.path, built.sources)
+
+
 def test_a_mixture_counts_its_sources_bad_records_and_refuses_them_unless_skipped(tmp_path):
     a = chats(tmp_path / "a.jsonl", "a", 3)
     b = chats(tmp_path / "b.jsonl", "b", 3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from support.kimi_layouts import (
@@ -114,12 +115,11 @@ def test_run_dry_run_validates_the_config_and_says_what_it_did_not_check(tmp_pat
     assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2  # a mistyped key fails the dry run
 
 
-@pytest.mark.parametrize("generate", [False, True], ids=["prepare", "generate"])
-def test_a_dry_run_fetches_no_dataset_and_writes_no_cache(tmp_path, monkeypatch, capsys, generate):
-    """`run --dry-run` on a preset the data cache lacks: the prepare (and generate) key hashes the data file, and
-    computing it fetched the whole dataset into the cache (offline, the failure read as "would run"). The plan now
-    says what the run would fetch, and the cache stays empty. The preset's dataset is within reach (a copy in the Hub
-    mirror), so a dry run that fetched it would leave its file in the cache."""
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch) -> Path:
+    """An empty EAGLE3_TRAIN_CACHE holding every cache of the tool (`datasets`' too), `datasets` kept off the Hub
+    itself, and UltraChat (the `ultrachat` preset) within reach as a copy in the Hub mirror: a dry run that fetched
+    it, or wrote anything else there, would leave files in the cache."""
     import datasets
     import huggingface_hub.constants
 
@@ -137,6 +137,19 @@ def test_a_dry_run_fetches_no_dataset_and_writes_no_cache(tmp_path, monkeypatch,
     (repo / "data" / "train_sft.jsonl").write_text(json.dumps({"prompt_id": "u0", "messages": [
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}) + "\n")
     monkeypatch.setenv("EAGLE3_TRAIN_HUB_MIRROR", str(tmp_path / "mirror"))
+    return cache
+
+
+def cache_files(cache: Path) -> list[str]:
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+
+
+@pytest.mark.parametrize("generate", [False, True], ids=["prepare", "generate"])
+def test_a_dry_run_fetches_no_dataset_and_writes_no_cache(tmp_path, capsys, empty_cache, generate):
+    """`run --dry-run` on a preset the data cache lacks: the prepare (and generate) key hashes the data file, and
+    computing it fetched the whole dataset into the cache (offline, the failure read as "would run"). The plan now
+    says what the run would fetch, and the cache stays empty."""
+    cache = empty_cache
     verifier = write_kimi_verifier(tmp_path / "K2", with_weights=False)
     config = tmp_path / "c.yaml"
     config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\nprepare:\n  data: ultrachat\n"
@@ -156,6 +169,86 @@ def test_a_dry_run_fetches_no_dataset_and_writes_no_cache(tmp_path, monkeypatch,
         printed = capsys.readouterr().out
         assert "prepare: done, but may run again (--data ultrachat: not fetched yet: would fetch" in printed, printed
         assert "vocab: would run" in printed and not list(cache.iterdir())
+
+
+def _chats_file(path: Path, n: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"c{i}", "messages": [
+        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
+        for i in range(n)))
+    return path
+
+
+def test_a_dry_run_keys_a_mixture_without_writing_it(tmp_path, capsys, empty_cache):
+    """Several --data sources, or one cut with :N, are read as one mixture file that the prepare key hashes: a dry
+    run wrote that file into the data cache once every part was local or cached. It now names the file a run would
+    write, and once a run has written it, keys prepare on it as the run does (a stage done on it stays done)."""
+    from eagle3_train.assets.data_sources import resolve
+    from eagle3_train.pipeline import Pipeline
+    from eagle3_train.utils.io import sha256_file, sha256_json
+
+    cache = empty_cache
+    chats = _chats_file(tmp_path / "chats.jsonl", 3)
+    verifier = write_kimi_verifier(tmp_path / "K2", with_weights=False)
+    rd = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+
+    def dry_run_plan(data: list[str]) -> str:
+        config.write_text(f"run_dir: {rd}\nverifier: {verifier}\nprepare:\n  data: {json.dumps(data)}\n")
+        assert cli_main(["run", "--config", str(config), "--dry-run"]) == 0
+        return capsys.readouterr().out
+
+    would_write = f"mixture not built yet: would write {cache / 'data' / 'mixtures'}"
+    printed = dry_run_plan([f"{chats}:2"])  # one local file, cut
+    assert f"prepare: would run (--data {chats}:2: {would_write}" in printed, printed
+    assert cache_files(cache) == [] and not rd.exists()
+
+    mixed = [str(chats), "ultrachat"]  # a local file and a Hub dataset: the mixture is keyed once both are here
+    assert "prepare: would run (--data ultrachat: not fetched yet: would fetch" in dry_run_plan(mixed)
+    assert cache_files(cache) == []
+    resolve("ultrachat")  # what a run fetches first
+    fetched = cache_files(cache)
+    printed = dry_run_plan(mixed)
+    assert f"prepare: would run (--data {chats} --data ultrachat: {would_write}" in printed, printed
+    assert cache_files(cache) == fetched and not rd.exists()  # the mixture was not written, nor anything else
+
+    mixture = resolve(mixed).path  # what the run writes: the dry run now keys prepare on that file
+    assert "  prepare: would run -> prepared/manifest.json" in dry_run_plan(mixed)
+    pipeline = Pipeline({"run_dir": str(rd), "verifier": str(verifier), "prepare": {"data": mixed}})
+    ctx = pipeline._context(need="tokenizer", dry_run=True)
+    pipeline.plan(ctx)
+    assert ctx.keys["prepare"]["data_sha256"] == sha256_file(mixture)
+    (rd / "prepared").mkdir(parents=True)
+    (rd / "prepared" / "manifest.json").write_text("{}")
+    (rd / "pipeline_state.json").write_text(json.dumps({"stages": {"prepare": {
+        "settings_sha256": sha256_json(ctx.keys["prepare"]), "finished_ns": 1}}}))
+    assert "prepare: done (skipped)" in dry_run_plan(mixed)
+
+
+@pytest.mark.parametrize("generate", [False, True], ids=["prepare", "generate"])
+@pytest.mark.parametrize("data, problem", [
+    ("ultrachatt", "unknown data preset 'ultrachatt', and no file or directory of that name (did you mean "
+                   "'ultrachat'?"),
+    ("org/x@", "--data 'org/x@': no split name after '@'"),
+    ("{tmp}/missing.jsonl", "data source not found: {tmp}/missing.jsonl"),
+    (["{tmp}/chats.jsonl", "{tmp}/missing.jsonl"], "data source not found: {tmp}/missing.jsonl"),
+], ids=["mistyped-preset", "malformed-spec", "missing-file", "missing-file-in-mixture"])
+def test_a_dry_run_fails_on_data_the_config_names_wrong(tmp_path, capsys, empty_cache, data, problem, generate):
+    """prepare.data naming no data (a mistyped preset, a malformed spec, a file that is not there) was shown as
+    "would run", the error taken for data an earlier stage has yet to write; the run would stop on it. The dry run
+    now fails (exit 2) naming the setting, the stage that reads it and the problem, and writes nothing."""
+    _chats_file(tmp_path / "chats.jsonl", 2)
+    data = json.dumps(data).replace("{tmp}", str(tmp_path))
+    verifier = write_kimi_verifier(tmp_path / "K2", with_weights=False)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nverifier: {verifier}\nprepare:\n  data: {data}\n"
+                      + ("generate:\n  enabled: true\n" if generate else ""))
+    assert cli_main(["run", "--config", str(config), "--dry-run"]) == 2
+    printed = capsys.readouterr()
+    stage = "generate" if generate else "prepare"
+    assert f"error: prepare.data (read by the {stage} stage): " in printed.err, printed.err
+    assert problem.replace("{tmp}", str(tmp_path)) in printed.err, printed.err
+    assert "would run" not in printed.out
+    assert cache_files(empty_cache) == [] and not (tmp_path / "run").exists()
 
 
 def test_run_dry_run_checks_train_on_the_stages_already_done(kimi, tmp_path, capsys):
@@ -337,8 +430,6 @@ def test_a_whole_vocabulary_dry_run_export_holds_no_map_like_the_real_one(tmp_pa
 def test_the_kimi_config_passes_its_dry_run_on_header_only_stand_ins(kimi, tmp_path, capsys):
     """configs/kimi-k25-8gpu.yaml, the seed's run, with its hub ids replaced by full-size header-only stand-ins:
     every section validates, the finetune source is read and fitted, and its layers are the ones extract will tap."""
-    from pathlib import Path
-
     _, verifier, _ = kimi
     source = write_aq_medai_draft(tmp_path / "Kimi-K2-Instruct-eagle3")
     chats = tmp_path / "my_chats.jsonl"

@@ -52,20 +52,18 @@ def dry_run(name: str, *sets: str) -> int:
 
 
 @pytest.fixture
-def data_cache(tmp_path, monkeypatch):
-    """The data presets' cache holding a small UltraChat file, as `prepare --data ultrachat` leaves it where the Hub
-    is reachable (the Hub is not here)."""
-    cache = tmp_path / "data-cache"
+def empty_cache(tmp_path, monkeypatch) -> Path:
+    """An empty tool cache (the data cache under it): a dry run fetches no dataset (a recipe's `ultrachat` is "not
+    fetched yet") and writes nothing, so it stays empty."""
+    cache = tmp_path / "cache"
     cache.mkdir()
-    rows = [{"id": f"u{i}", "messages": [{"role": "user", "content": f"question {i}"},
-                                         {"role": "assistant", "content": f"answer {i}"}]} for i in range(3)]
-    (cache / "ultrachat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setenv(CACHE_ENV, str(cache))
+    monkeypatch.setenv("EAGLE3_TRAIN_CACHE", str(cache))
+    monkeypatch.delenv(CACHE_ENV, raising=False)
     return cache
 
 
 @pytest.mark.parametrize("name", list(FROM_SCRATCH))
-def test_a_from_scratch_recipe_dry_runs_through_training_at_full_size(name, tmp_path, capsys, data_cache):
+def test_a_from_scratch_recipe_dry_runs_through_training_at_full_size(name, tmp_path, capsys, empty_cache):
     hub_id, write_verifier, gpu_gb = FROM_SCRATCH[name]
     cfg = recipe(name)
     assert cfg["verifier"] == hub_id  # the stand-in imitates the model the recipe names
@@ -100,6 +98,7 @@ def test_a_from_scratch_recipe_dry_runs_through_training_at_full_size(name, tmp_
     assert set(cfg["export"]["formats"]) <= {p.name for p in exports.iterdir()}  # each format it exports, checked
     eagle = json.loads((exports / "eagle" / "config.json").read_text())
     assert eagle["hidden_size"] == vcfg["hidden_size"] and eagle["vocab_size"] == vcfg["vocab_size"]
+    assert not list(empty_cache.iterdir())  # neither dry run fetched or wrote data
 
     # the header's hardware: the planner's training peak at the recipe's settings and its longest sample fits
     planned = plan(PlanSettings(verifier=str(verifier), samples=10_000, tokens_per_sample=cfg["prepare"]["max_length"],
@@ -123,7 +122,7 @@ def test_the_thinking_recipe_regenerates_with_thinking_on_as_qwen_serves_it(tmp_
     assert args[args.index("--reasoning-parser") + 1] == "qwen3"
 
 
-def test_the_kimi_recipe_dry_runs_the_k25_layout_through_the_rebuilt_finetune(tmp_path, capsys):
+def test_the_kimi_recipe_dry_runs_the_k25_layout_through_the_rebuilt_finetune(tmp_path, capsys, empty_cache):
     """configs/kimi-k25-8gpu.yaml on Kimi-K2.5's own checkpoint layout (the multimodal wrapper, INT4 experts, sharded
     by an index) and the AQ-MedAI draft: the source's layers are the ones extract taps, and the train dry run
     finetunes it on a rebuilt vocabulary at full size. The recipe extracts from a vLLM server the run starts, so its
@@ -156,6 +155,7 @@ def test_the_kimi_recipe_dry_runs_the_k25_layout_through_the_rebuilt_finetune(tm
     assert meta["draft_config"]["hidden_size"] == text["hidden_size"]
     assert meta["draft_config"]["vocab_size"] == text["vocab_size"]
     assert set(cfg["export"]["formats"]) <= {p.name for p in (rd / "train" / "dry-run-exports").iterdir()}
+    assert not list(empty_cache.iterdir())
 
 
 def test_recipes_md_lists_each_named_recipe_with_commands_that_parse():

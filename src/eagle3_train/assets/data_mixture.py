@@ -11,9 +11,12 @@ first part of it (`--limit`) holds them in their shares.
 Each source is read with the usual reader (`conversation_files.py`: duplicates dropped, bad records counted) and
 written as `messages` records that read back to the same conversations. The file is keyed by the sources' SHA-256,
 N and weights, and written atomically beside a `.source.json` with each source's counts; its bad records are kept
-there, and a reader without `--skip-bad-records` is refused them (`refuse_bad_records`).
+there, and a reader without `--skip-bad-records` is refused them (`refuse_bad_records`). With `cached_only` (a dry
+run) that key is computed from the parts alone and nothing is written: the file found in the cache is used, else
+`NotFetched` says which file a run would write.
 
-Python API: `Part`, `Resolved`, `check_weights(specs)`, `mix(parts) -> Resolved`, `refuse_bad_records(sources)`.
+Python API: `Part`, `Resolved`, `check_weights(specs)`, `mix(parts, cached_only=False) -> Resolved`,
+`refuse_bad_records(sources)`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 from eagle3_train.assets.conversation_files import SourceInfo, iter_file
 from eagle3_train.assets.conversation_records import messages_record
 from eagle3_train.assets.data_spec import DataSpec
-from eagle3_train.assets.hub_datasets import data_cache_dir
+from eagle3_train.assets.hub_datasets import NotFetched, data_cache_dir
 from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_json, sha256_file, sha256_json, write_json
 
 SEED = 0
@@ -99,16 +102,26 @@ def check_weights(specs: list[DataSpec]) -> None:
                                f"a weight (%W) or none (without weights every conversation of every source is used)")
 
 
-def mix(parts: list[Part]) -> Resolved:
-    """The parts as one file in the data cache (written once), and a record of each source."""
-    check_weights([p.spec for p in parts])
-    shas = [sha256_file(p.path) for p in parts]
+def _mixture_path(parts: list[Part], shas: list[str]) -> Path:
+    """The mixture's file in the data cache, named by what makes it (known before it is written): each part's
+    SHA-256, N and weight, in the order given (the order sets the interleaving), the seed and the layout version."""
     key = sha256_json({"v": _VERSION, "seed": SEED,
                        "parts": [[sha, p.read_limit, p.spec.weight] for sha, p in zip(shas, parts)]})
-    path = data_cache_dir() / "mixtures" / f"{key[:16]}.jsonl"
+    return data_cache_dir() / "mixtures" / f"{key[:16]}.jsonl"
+
+
+def mix(parts: list[Part], cached_only: bool = False) -> Resolved:
+    """The parts as one file in the data cache (written once), and a record of each source. With `cached_only`
+    (a dry run), a mixture the cache does not hold yet raises NotFetched naming the file a run would write."""
+    check_weights([p.spec for p in parts])
+    shas = [sha256_file(p.path) for p in parts]
+    path = _mixture_path(parts, shas)
     side = path.with_suffix(".source.json")
     if path.is_file() and side.is_file():
         stats = read_json(side, "data mixture record")["parts"]
+    elif cached_only:
+        specs = " ".join(f"--data {p.spec.text}" for p in parts)
+        raise NotFetched(f"{specs}: mixture not built yet: would write {path}")
     else:
         stats = _write(parts, path)
         write_json(side, {"seed": SEED, "parts": stats})

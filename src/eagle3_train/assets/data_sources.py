@@ -6,8 +6,9 @@ A value is, in this order: a path that exists as written (a .json/.jsonl file; a
 embedded ShareGPT file), a preset (`data_presets.py`), or a Hub dataset id `ORG/NAME` (`hub:ORG/NAME` skips the
 first three). Datasets and presets become a JSON Lines file in the data cache (`hub_datasets.py`). One value without
 `:N`, or one dataset, is read as is; anything else (several values, or a file cut with `:N`) is one mixture file
-(`data_mixture.py`). With `cached_only` (a dry run) no dataset is read with `datasets` and none is written to the
-cache: the sources the cache lacks raise one `NotFetched` naming what a run would fetch.
+(`data_mixture.py`). With `cached_only` (a dry run) no dataset is read with `datasets` and nothing is written to the
+cache: the sources the cache lacks raise one `NotFetched` naming what a run would fetch, and a mixture it lacks one
+naming the file a run would write.
 
 Python API: `resolve(data, cached_only=False) -> Resolved` (path, a record of each source, how a `generate` output
 was regenerated), `sharegpt_path() -> Path`.
@@ -121,7 +122,8 @@ def _regeneration(parts: list[Part]) -> dict[str, Any] | None:
 
 def resolve(data: DataSource, cached_only: bool = False) -> Resolved:
     """The one file `data` names (a single source as it is, several mixed), with a record of each source. With
-    `cached_only`, every source the data cache lacks is named in one NotFetched, and none is fetched."""
+    `cached_only`, every source the data cache lacks is named in one NotFetched, and none is fetched; a mixture the
+    cache lacks is not written (NotFetched names its file)."""
     specs = [parse_spec(text) for text in data_items(data)]
     check_weights(specs)
     parts, missing = [], []
@@ -139,6 +141,6 @@ def resolve(data: DataSource, cached_only: bool = False) -> Resolved:
     if regeneration is not None:
         for part in parts:
             part.record["regeneration"] = regeneration_record(part.path)
-    resolved = mix(parts)
+    resolved = mix(parts, cached_only)
     resolved.regeneration = regeneration
     return resolved

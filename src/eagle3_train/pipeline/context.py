@@ -32,6 +32,11 @@ class StageRefused(Eagle3InputError):
     next run tries it again."""
 
 
+class BadSetting(Eagle3InputError):
+    """The config's own data (prepare.data) names no data or data that cannot be read: an error of the config, which
+    the dry run reports as the run would, not data a stage has yet to write or fetch."""
+
+
 @dataclass
 class RunContext:
     """What the stages of one run share: the checked config, the verifier, and the keys and results so far."""

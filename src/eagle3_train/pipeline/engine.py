@@ -14,6 +14,7 @@ from eagle3_train.assets.hub_datasets import NotFetched
 from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.pipeline.config import merged_config
 from eagle3_train.pipeline.context import (
+    BadSetting,
     RunContext,
     Stage,
     StageRefused,
@@ -242,9 +243,11 @@ class Pipeline:
         unfetched = None  # what the run would fetch before it can compute the key
         try:
             key = ctx.keys[name] = st.key(ctx, variant)
-        except NotFetched as e:  # a dataset the data cache lacks: its SHA-256 is known once the run fetched it
-            key = ctx.keys[name] = None
+        except NotFetched as e:  # a dataset (or mixture) the data cache lacks: its SHA-256 is known once the run
+            key = ctx.keys[name] = None  # fetched (or wrote) it
             unfetched = str(e)
+        except BadSetting:
+            raise  # the config names data that is not there: the run would stop on it, so the dry run does
         except (Eagle3InputError, OSError) as e:  # e.g. data that an earlier stage has yet to write
             key = ctx.keys[name] = None
             log.debug("[%s] key not computable yet: %s", name, e)

@@ -11,8 +11,11 @@ from typing import Any
 
 import yaml
 
+from eagle3_train.assets.data_spec import DataSource
+from eagle3_train.assets.hub_datasets import NotFetched
 from eagle3_train.hidden_states.backends import backend_of
 from eagle3_train.pipeline.context import (
+    BadSetting,
     RunContext,
     Stage,
     StageRefused,
@@ -66,13 +69,27 @@ def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str
     return f"  train: {what} fit one GPU's {gpu_bytes / 1e9:.1f} GB (before the server's KV cache)"
 
 
+def _data_key(ctx: RunContext, source: DataSource, stage: str) -> str:
+    """The SHA-256 of the data `stage` reads (in a dry run: from the data cache alone). Where that is the config's
+    own data, a problem with it (a mistyped preset, a malformed spec, a missing file) is the config's, named by its
+    setting; data an earlier stage writes (generate's output) may simply not be there yet in a dry run."""
+    try:
+        return data_sha256(source, cached_only=ctx.dry_run)
+    except NotFetched:
+        raise  # not an error: what a first run fetches (the dry run says so)
+    except Eagle3InputError as e:
+        if source != ctx.cfg["prepare"]["data"]:
+            raise
+        raise BadSetting(f"prepare.data (read by the {stage} stage): {e}") from None
+
+
 # generate: regenerate the assistant turns with the verifier served by vLLM (on-policy data).
 _GENERATE_PIPELINE_ONLY = ("enabled", "allow_fallback", "original_answers")  # how the run uses generate's output
 
 
 def _generate_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
     source = ctx.cfg["prepare"]["data"]
-    return {"data": source, "data_sha256": data_sha256(source, cached_only=ctx.dry_run), "verifier": ctx.verifier_key,
+    return {"data": source, "data_sha256": _data_key(ctx, source, "generate"), "verifier": ctx.verifier_key,
             **section(ctx, "generate", *_GENERATE_PIPELINE_ONLY), **with_serving(ctx)}
 
 
@@ -110,7 +127,7 @@ def _generate_use(ctx: RunContext, _v: str | None, result: Any) -> None:
 
 # prepare: tokenize with the verifier's chat template and the loss mask.
 def _prepare_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
-    return {"data": str(ctx.data_source), "data_sha256": data_sha256(ctx.data_source, cached_only=ctx.dry_run),
+    return {"data": str(ctx.data_source), "data_sha256": _data_key(ctx, ctx.data_source, "prepare"),
             "verifier": ctx.verifier_key, **section(ctx, "prepare", "data")}
 
 
