@@ -230,7 +230,7 @@ def test_the_evaluate_report_rounds_and_never_dumps_json():
         in table
 
 
-@pytest.mark.parametrize("key", ["max_turns=1", "original_answers=true"])
+@pytest.mark.parametrize("key", ["original_answers=true", "enabled=true"])
 def test_generate_refuses_a_run_only_key_instead_of_ignoring_it(key, tmp_path, capsys):
     out = tmp_path / "gen"
     rc = cli_main(["generate", "--data", "sharegpt", "--out", str(out), "--endpoint", "http://127.0.0.1:9/v1",
@@ -238,3 +238,19 @@ def test_generate_refuses_a_run_only_key_instead_of_ignoring_it(key, tmp_path, c
     err = capsys.readouterr().err
     assert rc == 2 and key.split("=")[0] in err and "eagle3-train run" in err, err
     assert not out.exists()
+
+
+def test_generate_cuts_max_turns_into_the_tool_cache_once(tmp_path, monkeypatch):
+    """`generate --set max_turns=N` regenerates the first N user turns, as the run's generate stage does."""
+    from eagle3_train.generate.pipeline_step import cut_turns_cached
+
+    monkeypatch.setenv("EAGLE3_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("EAGLE3_TRAIN_DATA_CACHE", raising=False)
+    src = tmp_path / "chats.jsonl"
+    turns = [{"role": r, "content": f"{r} {i}"} for i in range(3) for r in ("user", "assistant")]
+    src.write_text(json.dumps({"id": "c", "messages": turns}) + "\n")
+    first = cut_turns_cached(str(src), None, 2, False)
+    assert first.is_relative_to(tmp_path / "cache")
+    (kept,) = [json.loads(line) for line in first.read_text().splitlines()]
+    assert [m["content"] for m in kept["messages"]] == ["user 0", "assistant 0", "user 1", "assistant 1"]
+    assert cut_turns_cached(str(src), None, 2, False) == first and cut_turns_cached(str(src), None, 1, False) != first

@@ -43,6 +43,25 @@ def cut_turns(source: DataSource, out_file: Path, limit: int | None, max_turns: 
     return out_file
 
 
+def cut_turns_cached(source: DataSource, limit: int | None, max_turns: int, skip_bad_records: bool = False) -> Path:
+    """`cut_turns` for the generate command, which owns no directory beside its output: the cut conversations go in
+    the tool's data cache, named by the source file's hash and the cut (the same cut is written once, so a resumed
+    run reads the same source)."""
+    import hashlib
+
+    from eagle3_train.assets.conversations import resolve_source
+    from eagle3_train.assets.hub_datasets import data_cache_dir
+    from eagle3_train.utils.io import sha256_file
+
+    resolved = resolve_source(source)
+    key = hashlib.sha256(f"{sha256_file(resolved)}:{limit}:{max_turns}".encode()).hexdigest()[:16]
+    out = data_cache_dir() / "first-turns" / f"{key}.jsonl"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cut_turns(str(resolved), out, limit, max_turns, skip_bad_records)
+    return out
+
+
 def run_generation_for_pipeline(source: DataSource, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
                                 serving: dict[str, Any] | None = None, trust_remote_code: bool = False
                                 ) -> dict[str, Any]:

@@ -224,12 +224,16 @@ def main(args: argparse.Namespace) -> int:
     s = settings_from_args(GenerateSettings, args)
     # keys of the run config's generate section that only `eagle3-train run` reads: accepted by --set (they are
     # settings of this dataclass), they would be ignored here without a word
-    run_only = [k for k in ("enabled", "allow_fallback", "original_answers", "max_turns")
+    run_only = [k for k in ("enabled", "allow_fallback", "original_answers")
                 if getattr(s, k) != getattr(GenerateSettings(), k)]
     if run_only:
         raise Eagle3InputError(f"--set {', '.join(run_only)}: a key of `eagle3-train run`'s generate section, which "
-                               f"the generate command does not read (cut or filter the conversations first, or use "
-                               f"`run`)")
+                               f"the generate command does not read (use `eagle3-train run`)")
+    data = s.data
+    if s.max_turns:  # the first N user turns of each conversation, as the run's generate stage cuts them
+        from eagle3_train.generate.pipeline_step import cut_turns_cached
+
+        data = str(cut_turns_cached(s.data, s.limit, s.max_turns, s.skip_bad_records))
     endpoints = list(s.endpoint)
     kwargs = dict(limit=s.limit, concurrency=s.concurrency, max_tokens=s.max_tokens, temperature=s.temperature,
                   top_p=s.top_p, seed=s.seed, reasoning=s.reasoning, timeout_s=s.timeout_s,
@@ -237,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
                   skip_bad_records=s.skip_bad_records, truncated_turns=s.truncated_turns,
                   thinking_style=s.thinking_style, estimate_only=s.estimate_only)
     if not s.serve_verifier:
-        regenerate(s.data, s.out, endpoints, s.model, **kwargs)
+        regenerate(data, s.out, endpoints, s.model, **kwargs)
         return 0
     from eagle3_train.assets.verifier import resolve_verifier
     from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
@@ -250,10 +254,10 @@ def main(args: argparse.Namespace) -> int:
     server = VLLMServer(verifier_dir, served_model_name=name,
                         max_model_len=s.max_model_len, enforce_eager=s.serve_enforce_eager, vllm_args=s.vllm_args,
                         log_path=claim_generate_output(s.out) / SERVER_LOG,
-                        extra_args=tool_server_args(s.data, name, verifier_dir, s.thinking_style, s.limit,
+                        extra_args=tool_server_args(data, name, verifier_dir, s.thinking_style, s.limit,
                                                     s.skip_bad_records))
     with server:
-        regenerate(s.data, s.out, endpoints + [server.base_url], name,
+        regenerate(data, s.out, endpoints + [server.base_url], name,
                    extra_manifest={"embedded_server": {"verifier": str(s.serve_verifier),
                                                        "startup_s": round(server.startup_s or 0, 1)}}, **kwargs)
     return 0
