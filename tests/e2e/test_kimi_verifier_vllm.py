@@ -118,8 +118,10 @@ def test_served_and_offline_acceptance_of_the_trained_draft(kimi):
     print(f"\n[kimi-sim] acceptance length: vLLM {tau_served:.3f}, offline {tau_offline:.3f}")
     greedy = served["greedy_identical"]
     assert greedy["identical"] == greedy["compared"] == len(prompts), greedy
-    # a random draft scores 1.00; measured here 1.27 served, 1.26 offline (4 prompts, bf16 near-ties on both sides)
-    assert tau_served > 1.1 and abs(tau_served - tau_offline) < 0.1
+    # a random draft scores 1.00. Measured here 1.107 served and offline (2026-12-05, 4 prompts, bf16 near-ties on
+    # both sides) since `generate --set max_turns=1` cuts the data to first turns as intended (1.27 / 1.26 while
+    # the command ignored it and the draft trained on every turn)
+    assert tau_served > 1.05 and abs(tau_served - tau_offline) < 0.1
 
 
 def test_thinking_run_estimates_resumes_counts_cut_turns_and_switches_thinking_kimi_style(kimi):
