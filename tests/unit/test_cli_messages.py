@@ -242,7 +242,7 @@ def test_generate_refuses_a_run_only_key_instead_of_ignoring_it(key, tmp_path, c
 
 def test_generate_cuts_max_turns_into_the_tool_cache_once(tmp_path, monkeypatch):
     """`generate --set max_turns=N` regenerates the first N user turns, as the run's generate stage does."""
-    from eagle3_train.generate.pipeline_step import cut_turns_cached
+    from eagle3_train.generate.first_turns import cut_turns_cached
 
     monkeypatch.setenv("EAGLE3_TRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("EAGLE3_TRAIN_DATA_CACHE", raising=False)

@@ -1,6 +1,7 @@
 """The generate stage of `eagle3-train run`: serve the verifier with vLLM, regenerate the assistant turns, stop.
 
-`max_turns` keeps the first N user turns of each conversation (regeneration time grows with every turn).
+`max_turns` keeps the first N user turns of each conversation (regeneration time grows with every turn:
+`first_turns.py`).
 """
 
 from __future__ import annotations
@@ -11,55 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.assets.data_spec import DataSource
+from eagle3_train.generate.first_turns import cut_turns, jsonl_record
 from eagle3_train.settings import GenerateSettings
 from eagle3_train.utils.io import atomic_path
 
 log = logging.getLogger(__name__)
-
-
-def _jsonl_record(conv, messages: list[dict[str, Any]]) -> str:
-    """One conversation as a messages-JSONL line, with its tools."""
-    return json.dumps({"id": conv.id, "messages": messages, **({"tools": conv.tools} if conv.tools else {})}) + "\n"
-
-
-def cut_turns(source: DataSource, out_file: Path, limit: int | None, max_turns: int, skip_bad_records: bool = False
-              ) -> Path:
-    """Write the source's conversations, cut after `max_turns` user turns, as messages JSONL."""
-    from eagle3_train.assets.conversations import load_conversations
-
-    conversations, info = load_conversations(source, limit=limit, skip_bad_records=skip_bad_records)
-    with atomic_path(out_file) as tmp, open(tmp, "w") as f:
-        for conv in conversations:
-            kept, users = [], 0
-            for m in conv.messages:
-                if m["role"] == "user":
-                    users += 1
-                    if users > max_turns:
-                        break
-                kept.append(m)
-            f.write(_jsonl_record(conv, kept))
-    if info.bad_records:
-        log.warning("%s: skipped bad records %s (first: %s)", source, info.bad_records, info.bad_record_examples)
-    return out_file
-
-
-def cut_turns_cached(source: DataSource, limit: int | None, max_turns: int, skip_bad_records: bool = False) -> Path:
-    """`cut_turns` for the generate command, which owns no directory beside its output: the cut conversations go in
-    the tool's data cache, named by the source file's hash and the cut (the same cut is written once, so a resumed
-    run reads the same source)."""
-    import hashlib
-
-    from eagle3_train.assets.conversations import resolve_source
-    from eagle3_train.assets.hub_datasets import data_cache_dir
-    from eagle3_train.utils.io import sha256_file
-
-    resolved = resolve_source(source)
-    key = hashlib.sha256(f"{sha256_file(resolved)}:{limit}:{max_turns}".encode()).hexdigest()[:16]
-    out = data_cache_dir() / "first-turns" / f"{key}.jsonl"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cut_turns(str(resolved), out, limit, max_turns, skip_bad_records)
-    return out
 
 
 def run_generation_for_pipeline(source: DataSource, verifier_dir: Path, out_dir: Path, settings: dict[str, Any],
@@ -112,6 +69,6 @@ def mix_with_originals(source: DataSource, generated: Path, out_file: Path, limi
         original = 0
         for conv in conversations:
             if conv.id not in done:
-                f.write(_jsonl_record(conv, conv.messages))
+                f.write(jsonl_record(conv, conv.messages))
                 original += 1
     return {"regenerated": regenerated, "original": original}

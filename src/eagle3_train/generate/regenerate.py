@@ -231,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
                                f"the generate command does not read (use `eagle3-train run`)")
     data = s.data
     if s.max_turns:  # the first N user turns of each conversation, as the run's generate stage cuts them
-        from eagle3_train.generate.pipeline_step import cut_turns_cached
+        from eagle3_train.generate.first_turns import cut_turns_cached
 
         data = str(cut_turns_cached(s.data, s.limit, s.max_turns, s.skip_bad_records))
     endpoints = list(s.endpoint)
