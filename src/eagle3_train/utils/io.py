@@ -131,6 +131,24 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def read_jsonl(path: Path, fix: str = "") -> list[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON Lines file (gzipped when it ends in .gz); a line that is
+    not JSON is one error naming the file and line, and `fix`, what to do about it."""
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise Eagle3InputError(f"{path}, line {n}: invalid JSON ({e.msg}){f'; {fix}' if fix else ''}") from None
+    return rows
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """A JSON object file (configs, manifests, indexes, metadata): anything else is one clear error naming it."""
     path = Path(path)
