@@ -13,8 +13,10 @@ FORMAT = "eagle3-train/training-metadata"
 VERSION = 1
 OUTPUT = ("train", "training output directory")  # the stage that owns a run directory, and what errors call it
 # The top-level names a training run (or its dry run) writes: what its marker lists, and what --overwrite sets aside.
+# The trackers' own names (wandb/, mlruns/, trackers.json) are registered by the metrics log when each starts, where
+# the environment says whether it writes in OUT at all (train/trackers.py, `writes`).
 WRITES = ("checkpoints", "final", "training_metadata.json", "metrics.jsonl", "metrics.png", "tensorboard",
-          "wandb", "mlruns", "trackers.json", "training_metadata.dry-run.json", "dry-run-exports")
+          "training_metadata.dry-run.json", "dry-run-exports")
 
 
 def written_by_train(path: Path) -> bool:
