@@ -16,7 +16,6 @@ was regenerated), `sharegpt_path() -> Path`.
 
 from __future__ import annotations
 
-import difflib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from eagle3_train.assets.data_mixture import Part, Resolved, check_weights, mix
 from eagle3_train.assets.data_spec import DataSource, DataSpec, data_items, is_hub_id, parse_spec
 from eagle3_train.assets.hub_datasets import HubSource, NotFetched, fetch
 from eagle3_train.utils.io import Eagle3InputError
+from eagle3_train.utils.suggest import closest
 
 EMBEDDED_SHAREGPT = "sharegpt"
 GENERATED = "conversations.jsonl"  # what a `generate` output directory holds
@@ -74,8 +74,8 @@ def _not_found(spec: DataSpec) -> Eagle3InputError:
         return Eagle3InputError(f"--data {spec.text}: expected hub:ORG/NAME[:CONFIG][@SPLIT][:N], a Hub dataset id")
     if "/" not in s and "\\" not in s and not s.lower().endswith((".json", ".jsonl")):
         names = [EMBEDDED_SHAREGPT, *(p.name for p in data_presets.PRESETS)]
-        close = difflib.get_close_matches(s.lower(), names, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
+        close = closest(s, names)
+        hint = f"did you mean '{close.name}'? " if close else ""
         return Eagle3InputError(f"--data {spec.text}: unknown data preset {s!r}, and no file or directory of that "
                                 f"name ({hint}presets: {', '.join(names)}); expected {EXPECTED}")
     return Eagle3InputError(f"data source not found: {Path(s).expanduser()} (expected {EXPECTED})")
