@@ -13,7 +13,7 @@ from typing import Any
 
 from eagle3_train.evaluate.prompts import EvalPrompt, load_prompts
 from eagle3_train.evaluate.served import acceptance_of, add_temperatures, evaluate_served, greedy_identical
-from eagle3_train.serving.vllm_options import speculative_config
+from eagle3_train.serving.vllm_options import model_config, resolve_dtype, speculative_config
 from eagle3_train.serving.vllm_server import VLLMServer, vllm_available
 from eagle3_train.settings import EvaluateSettings
 from eagle3_train.utils.io import write_json
@@ -71,7 +71,8 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
                       concurrency: int = _D.concurrency, baseline: bool = _D.baseline,
                       offline_prompts: int = _D.offline_prompts, serving: dict[str, Any] | None = None,
                       trust_remote_code: bool = False, temperature: float = _D.temperature,
-                      seed: int = _D.seed, also_temperature: tuple[float, ...] = ()) -> dict[str, Any]:
+                      seed: int = _D.seed, also_temperature: tuple[float, ...] = (),
+                      formats: list[str] | None = _D.formats) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts(benchmark, limit=num_prompts, turns=turns)
     results: dict[str, Any] = {"benchmark": benchmark, "num_prompts": len(prompts), "k": k, "max_tokens": max_tokens,
@@ -80,6 +81,8 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
         ok, message = vllm_available()
         if ok:
             for fmt, draft in exports.items():
+                if formats is not None and fmt not in formats:
+                    continue
                 r = served_acceptance(verifier_dir, draft, prompts, k=k, fmt=fmt, max_tokens=max_tokens,
                                       concurrency=concurrency, baseline=baseline and fmt == "eagle", log_dir=out_dir,
                                       serving=serving, trust_remote_code=trust_remote_code,
@@ -94,10 +97,16 @@ def pipeline_evaluate(exports: dict[str, str], verifier_dir: Path, out_dir: Path
 
             raise Eagle3InputError(message)
     if offline:
+        import torch
+
         from eagle3_train.evaluate.offline import evaluate_offline
 
         draft = exports.get("eagle") or next(iter(exports.values()))
-        r = evaluate_offline(draft, verifier_dir, prompts[:offline_prompts], k=k, max_new_tokens=max_tokens)
+        # a dtype chosen for the servers is the offline verifier's too (auto: the evaluator's float32)
+        chosen = (serving or {}).get("dtype")
+        dtype = "float32" if chosen in (None, "auto") else resolve_dtype("cpu", chosen, model_config(verifier_dir))
+        r = evaluate_offline(draft, verifier_dir, prompts[:offline_prompts], k=k, max_new_tokens=max_tokens,
+                             dtype=getattr(torch, dtype))
         write_json(out_dir / "offline.json", r)
         overall = r["overall"]
         results["offline"] = {"mean_acceptance_length": overall["mean_acceptance_length"],

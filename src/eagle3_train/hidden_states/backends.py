@@ -77,10 +77,10 @@ class HFBackend(Backend):
         from eagle3_train.hidden_states.hf_backend import resolve_device, torch_dtype
 
         device = place(resolve_device(device))
-        if not compute_dtype:  # the teacher is the verifier as our vLLM server runs it here (the judge of the draft)
-            from eagle3_train.serving.vllm_options import server_options
+        # auto/native/None: the teacher is the verifier as our vLLM server runs it here (the judge of the draft)
+        from eagle3_train.serving.vllm_options import resolve_dtype
 
-            compute_dtype = server_options("cpu" if device == "cpu" else "cuda", model_config=config)["dtype"]
+        compute_dtype = resolve_dtype("cpu" if device == "cpu" else "cuda", compute_dtype, config)
         torch_dtype(compute_dtype)  # a bad name fails before any output is touched
         return device, compute_dtype
 

@@ -149,8 +149,17 @@ def _vocab_run(ctx: RunContext, _v: str | None) -> Any:
 _EXTRACT_TRANSPORT = ("endpoint", "model", "concurrency", "hidden_states_dir")
 
 
+def _extract_section(ctx: RunContext) -> dict[str, Any]:
+    """extract's settings; an unset compute_dtype follows `serving.dtype`, so that the HF teacher runs as the
+    pipeline's servers (the judge) do."""
+    cfg = section(ctx, "extract", *_EXTRACT_TRANSPORT)
+    if cfg.get("compute_dtype") is None and ctx.serving().get("dtype") not in (None, "auto"):
+        cfg["compute_dtype"] = ctx.serving()["dtype"]
+    return cfg
+
+
 def _extract_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
-    key = {**section(ctx, "extract", *_EXTRACT_TRANSPORT), "prepared": ctx.keys["prepare"],
+    key = {**_extract_section(ctx), "prepared": ctx.keys["prepare"],
            "verifier": ctx.verifier_key, "layers_of": ctx.cfg["train"].get("finetune_from")}
     if aux_convention(ctx) != "auto":  # the user's reading of the source's ids
         key["layers_convention"] = aux_convention(ctx)
@@ -172,7 +181,7 @@ def _extract_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.hidden_states.extract import extract
 
     restart = ctx.pipeline._restarts("extract", ctx.keys["extract"])  # else: resume an interrupted extraction
-    cfg = section(ctx, "extract", *_EXTRACT_TRANSPORT)
+    cfg = _extract_section(ctx)
     # A finetune trains on its source's layers: extract those (as `extract --finetune-from` does), not the default
     # ones the train stage would refuse after the whole extraction.
     cfg["finetune_from"] = ctx.cfg["train"].get("finetune_from")

@@ -23,6 +23,7 @@ from eagle3_train.settings.common import (
     K_FLAGS,
     MAX_TOKENS,
     NUM_SPECULATIVE_TOKENS,
+    SERVER_DTYPE_CHOICES,
     SERVER_EAGER_HELP,
     TRUST_HELP,
     VERIFIER_HELP,
@@ -187,10 +188,9 @@ class ExtractSettings:
     dtype: StoreDtype = setting("bfloat16", "storage dtype of the hidden states; float8_e4m3: half the bytes of "
                                             "bfloat16, one float32 scale per token and layer (read back as bfloat16)",
                                 flag="--store-dtype", aliases=("--dtype",))
-    compute_dtype: Dtype | None = setting(None, "dtype the verifier runs in (default: the dtype the vLLM servers "
-                                                "started here serve it in, so that the stored teacher is the judge: "
-                                                "bfloat16 on CUDA, float32 on CPU; bfloat16 is ~1.8x faster on CPUs "
-                                                "with AVX512-BF16/AMX)")
+    compute_dtype: ServerDtype | None = setting(None, "dtype the verifier runs in (default: the dtype the vLLM servers "
+                                                      "started here serve it in, so that the stored teacher is the "
+                                                      "judge; " + SERVER_DTYPE_CHOICES + ")")
     token_budget: int = setting(8192, "max padded tokens (batch x longest) per forward pass", valid=">= 1")
     shard_tokens: int | None = setting(None, "tokens per shard file (default: about 256 MiB per shard)", valid=">= 1")
     device: str = setting("auto", "auto (cuda if available), cpu or cuda[:N]")
@@ -295,6 +295,9 @@ class EvaluateSettings(_SamplingSettings, _PromptSettings):
     concurrency: int = setting(CONCURRENCY, "requests in flight", valid=">= 1")
     baseline: bool = setting(False, "also serve the verifier alone: speed-up and greedy-equality check")
     offline_prompts: int = setting(10, "prompts for the offline evaluator (the first of the same set)", valid=">= 0")
+    formats: list[ExportFormat] | None = setting(None, "exports served by vLLM (default: every exported format; "
+                                                       "both hold the same weights, and tests check that vLLM "
+                                                       "accepts the same drafts from each)")
 
 
 @dataclass
@@ -338,8 +341,7 @@ class ServedEvalSettings(_SamplingSettings, _PromptSettings):
     draft: str | None = setting(None, "exported draft dir (EAGLE format) to serve with the verifier")
     enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only)")
     max_model_len: int | None = setting(None, CONTEXT_HELP, valid=">= 1")
-    server_dtype: ServerDtype = setting("auto", "dtype of servers started here (auto: float32 on CPU, bfloat16 "
-                                                "on CUDA)")
+    server_dtype: ServerDtype = setting("auto", "dtype of servers started here (" + SERVER_DTYPE_CHOICES + ")")
     vllm_args: list[str] = setting(default_factory=list, help=VLLM_ARGS_HELP, flag="--vllm-arg",
                                    aliases=("--vllm-args",), commas=False)
     max_tokens: int = setting(MAX_TOKENS, "new tokens per turn (a thinking model's answers: thousands)",
@@ -364,7 +366,7 @@ class ServeSettings:
     port: int = setting(8000, "port to listen on", valid="[1, 65535]")
     max_model_len: int | None = setting(None, "context length (default: 2048 on CPU, the model's own on CUDA)",
                                         valid=">= 1")
-    dtype: ServerDtype = setting("auto", "dtype vLLM runs the models in (auto: float32 on CPU, bfloat16 on CUDA)",
+    dtype: ServerDtype = setting("auto", "dtype vLLM runs the models in (" + SERVER_DTYPE_CHOICES + ")",
                                  flag="--server-dtype", aliases=("--dtype",))
     served_model_name: str | None = setting(None, "model name clients use (default: the model directory)")
     enforce_eager: bool | Literal["auto"] = setting(
@@ -390,8 +392,8 @@ class ServingSettings:
     """Section `serving:` of a run config: every vLLM server the pipeline starts (generate, evaluate)."""
 
     SECTION: ClassVar[str] = "serving"
-    dtype: ServerDtype = setting("auto", "dtype the servers run the models in (auto: float32 on CPU, bfloat16 on "
-                                         "CUDA)")
+    dtype: ServerDtype = setting("auto", "dtype the servers run the models in, and extract's HF verifier unless "
+                                         "extract.compute_dtype is set (" + SERVER_DTYPE_CHOICES + ")")
     enforce_eager: bool | Literal["auto"] = setting("auto", SERVER_EAGER_HELP + "on CPU only, where a pipeline "
                                                                                   "stage's server starts faster so)")
     max_model_len: int | None = setting(None, CONTEXT_HELP, valid=">= 1")

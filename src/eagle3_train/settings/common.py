@@ -6,7 +6,9 @@ from typing import Literal
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 StoreDtype = Literal["bfloat16", "float16", "float32", "float8_e4m3"]  # float8_e4m3: hidden_states/fp8.py
-ServerDtype = Literal["auto", "bfloat16", "float16", "float32"]  # auto: float32 on CPU, bfloat16 on CUDA
+# auto: float32 on CPU, bfloat16 on CUDA; native: bfloat16 where the device computes it natively (CUDA, CPUs with
+# AVX512-BF16 or AMX), else as auto (serving/vllm_options.resolve_dtype)
+ServerDtype = Literal["auto", "native", "bfloat16", "float16", "float32"]
 Overflow = Literal["truncate", "drop"]
 Reasoning = Literal["keep", "strip", "disable"]
 ReasoningPlacement = Literal["auto", "template", "inline", "drop"]  # see data/reasoning.py
@@ -21,6 +23,8 @@ MAX_TOKENS = 128  # new tokens per turn when measuring acceptance
 CONCURRENCY = 8  # requests in flight against a server
 EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
 VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
+SERVER_DTYPE_CHOICES = ("auto: float32 on CPU (bfloat16 for MLA verifiers), bfloat16 on CUDA; native: bfloat16 where "
+                        "the CPU has AVX512-BF16 or AMX (~1.8x faster), else as auto")
 TRUST_HELP = "run code the verifier ships (e.g. Kimi's tokenizer/config classes); off by default, recorded"
 VLLM_ARGS_HELP = ("extra vLLM server flags, passed through as given (e.g. --vllm-arg=--tensor-parallel-size=8 "
                   "or, in YAML, ['--tensor-parallel-size', '8']); each item is split like a shell would; a flag "

@@ -136,10 +136,13 @@ class TrainConfig:
               "starts its lm_head at random; a Llama layer keeps the verifier's head_dim", valid=">= 1",
         experimental=True)
     intermediate_size: int | None = setting(None, "draft MLP width (default: the verifier's)", valid=">= 1")
-    norm_before_residual: bool = setting(False, "vLLM option: normalise the hidden state before the residual")
-    norm_before_fc: bool = setting(False, "vLLM option: normalise the aux features before fc")
-    fc_norm: bool = setting(False, "vLLM option: normalise after fc")
-    norm_output: bool = setting(False, "vLLM option: normalise the draft's output hidden state")
+    norm_before_residual: bool = setting(False, "normalise the hidden state before the residual (vLLM; SGLang "
+                                                "ignores it)")
+    norm_before_fc: bool = setting(False, "one RMSNorm over the concatenated aux features before fc (vLLM, SGLang's "
+                                          "Llama loader; not on MLA drafts)")
+    fc_norm: bool = setting(False, "EAGLE 3.1: one RMSNorm per aux feature (chunk) before fc (vLLM, SGLang)")
+    norm_output: bool = setting(False, "EAGLE 3.1: feed the draft's post-norm output hidden state back to the next "
+                                       "step (vLLM, SGLang)")
     lm_head_init: Literal["verifier", "random"] = setting(
         "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
     # finetuning
