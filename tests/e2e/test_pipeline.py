@@ -104,8 +104,8 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     first = finished()
     plan = {name: status for name, (status, _) in Pipeline(config).plan().items()}
     assert plan == {"generate": "off (section 'generate')", "prepare": "done (skipped)", "vocab": "done (skipped)",
-                    "extract": "done (skipped)", "train": "done (skipped)", "export-eagle": "done (skipped)",
-                    "evaluate": "off (section 'evaluate')"}
+                    "extract": "done (skipped)", "train": "done (skipped)", "select": "done (skipped)",
+                    "export-eagle": "done (skipped)", "evaluate": "off (section 'evaluate')"}
     kept = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())["counts"]["conversations_read"]
     data.write_text("\n".join(rows[:4]) + "\n")  # the same path, edited in place
     # the plan says what the run below does, and why
@@ -116,7 +116,8 @@ def test_stages_rerun_when_what_they_read_changes_in_place(tmp_path, tiny_llama_
     assert finished() == first  # a dry run runs nothing
     Pipeline(config).run()
     second = finished()
-    assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "export-eagle")), (first, second)
+    assert all(second[s] > first[s] for s in ("prepare", "vocab", "extract", "train", "select", "export-eagle")), (
+        first, second)
     m = json.loads((tmp_path / "run" / "prepared" / "manifest.json").read_text())
     assert m["counts"]["conversations_read"] == 4 < kept
     # The verifier's weights rewritten in place (same path, same config): every stage that reads it reruns.

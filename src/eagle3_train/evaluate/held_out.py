@@ -2,7 +2,8 @@
 an acceptance measured on prompts the draft was trained on is flagged.
 
 Python API: `held_out_check(prompts, prepared_dir, tokenizer) -> dict`, `held_out(prompts, prepared, tokenizer)` (the
-check, or a record of why it was skipped), `user_turns_of(text, header, end)`, `normalize_text(text)`.
+check, or a record of why it was skipped), `validation_prompts(prepared_dir, tokenizer, limit)` (first turns of the
+validation split), `user_turns_of(text, header, end)`, `normalize_text(text)`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from eagle3_train.data.chat_mask import find_all, user_turn_delimiters
 from eagle3_train.evaluate.prompts import EvalPrompt
+from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.progress import progress
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,45 @@ def user_turns_of(text: str, header: str, end: str) -> list[str]:
     return out
 
 
+def _delimiters(manifest: dict[str, Any], tokenizer, notes: list[str]) -> tuple[str, str]:
+    """The user-turn delimiters of the chat template the prepared data was rendered with (a note when that
+    template is not available here and the tokenizer's is used instead)."""
+    template = None
+    source = (manifest.get("tokenizer") or {}).get("chat_template_source", "tokenizer")
+    if source not in ("tokenizer", None):
+        if Path(source).is_file():
+            template = Path(source).read_text()
+        else:
+            notes.append(f"prepared with chat template {source!r}, not available here: used the tokenizer's")
+    return user_turn_delimiters(tokenizer, template)
+
+
+def validation_prompts(prepared_dir: str | Path, tokenizer, limit: int) -> list[EvalPrompt]:
+    """The first user turn of the first `limit` conversations of the prepared validation split: prompts the draft
+    was not trained on, from the training data's own distribution (for choosing among checkpoints, where a benchmark
+    would be chosen on)."""
+    from eagle3_train.data.prepare import load_prepared
+
+    dd, manifest = load_prepared(Path(prepared_dir))
+    if "validation" not in dd or len(dd["validation"]) == 0:
+        raise Eagle3InputError(f"{prepared_dir} has no validation split to choose checkpoints on (prepare with "
+                               f"val_fraction > 0)")
+    header, end = _delimiters(manifest, tokenizer, [])
+    ds = dd["validation"]
+    prompts: list[EvalPrompt] = []
+    for start in range(0, len(ds), 256):
+        rows = ds[start:start + 256]
+        for conv_id, text in zip(rows["id"], tokenizer.batch_decode(rows["input_ids"], skip_special_tokens=False)):
+            turns = user_turns_of(text, header, end)
+            if turns and turns[0]:
+                prompts.append(EvalPrompt(id=str(conv_id), benchmark="validation", turns=[turns[0]]))
+            if len(prompts) == limit:
+                return prompts
+    if not prompts:
+        raise Eagle3InputError(f"{prepared_dir}: no user turn found in the validation split")
+    return prompts
+
+
 def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenizer) -> dict[str, Any]:
     """Exact (whitespace-normalized) match of each prompt's user turns against the user turns of the prepared
     training data; `held_out` is True when no prompt turn occurs in the train split."""
@@ -40,15 +81,8 @@ def held_out_check(prompts: list[EvalPrompt], prepared_dir: str | Path, tokenize
 
     prepared_dir = Path(prepared_dir)
     dd, manifest = load_prepared(prepared_dir)
-    template = None
-    source = (manifest.get("tokenizer") or {}).get("chat_template_source", "tokenizer")
-    notes = []
-    if source not in ("tokenizer", None):
-        if Path(source).is_file():
-            template = Path(source).read_text()
-        else:
-            notes.append(f"prepared with chat template {source!r}, not available here: used the tokenizer's")
-    header, end = user_turn_delimiters(tokenizer, template)
+    notes: list[str] = []
+    header, end = _delimiters(manifest, tokenizer, notes)
     wanted: dict[str, list[tuple[str, int]]] = {}
     for p in prompts:
         for t, turn in enumerate(p.turns):

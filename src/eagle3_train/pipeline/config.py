@@ -17,7 +17,7 @@ from eagle3_train.utils.settings import (
 # any other key counts once it is set. Their defaults come from the settings dataclasses.
 _HASHED_KEYS: dict[str, tuple[str, ...]] = {
     "prepare": ("data", "limit", "max_length", "overflow", "val_fraction", "seed"), "generate": ("enabled",),
-    "vocab": ("size",), "extract": ("dtype", "token_budget"), "train": (),
+    "vocab": ("size",), "extract": ("dtype", "token_budget"), "train": (), "select": ("by",),
     "export": ("formats", "dtype", "speculative_tokens"), "evaluate": ("vllm", "offline")}
 
 

@@ -275,10 +275,35 @@ def _train_run(ctx: RunContext, _v: str | None) -> Any:
             "best": r["best"], "final": r.get("final")}
 
 
+def _select_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
+    from eagle3_train.evaluate.select import resolve_by
+
+    # auto: served when the run is judged by vLLM (evaluate.vllm), so the key holds the outcome
+    by = resolve_by(ctx.cfg["select"]["by"], ctx.cfg["evaluate"]["vllm"])
+    return {**ctx.cfg["select"], "by": by, "train": ctx.keys["train"],
+            **(with_serving(ctx) if by == "served" else {})}
+
+
+def _select_run(ctx: RunContext, _v: str | None) -> Any:
+    from eagle3_train.evaluate.select import select_checkpoint
+
+    settings = {k: ctx.keys["select"][k] for k in ctx.cfg["select"]}  # `by` as resolved in the key
+    return select_checkpoint(ctx.run_dir / "train", ctx.verifier_dir, ctx.run_dir / "prepared",
+                             ctx.run_dir / "select", serving=ctx.serving(),
+                             trust_remote_code=ctx.trust_remote_code, **settings)
+
+
+def _select_use(ctx: RunContext, _v: str | None, result: Any) -> None:
+    ctx.summary["select"] = {k: result[k] for k in ("by", "selected", "selected_step", "last_step")}
+    ctx.summary["select"]["candidates"] = [{k: c[k] for k in ("name", "step", "estimate", "served")}
+                                           for c in result["candidates"]]
+
+
 def _export_run(ctx: RunContext, fmt: str | None) -> Any:
     from eagle3_train.export.exporter import export
 
-    return export(ctx.run_dir / "train", ctx.run_dir / f"export-{fmt}", fmt=fmt, verifier=ctx.verifier,
+    source = (ctx.summary.get("select") or {}).get("selected") or ctx.run_dir / "train"
+    return export(source, ctx.run_dir / f"export-{fmt}", fmt=fmt, verifier=ctx.verifier,
                   overwrite=True, **section(ctx, "export", "formats"))
 
 
@@ -318,8 +343,10 @@ STAGES: tuple[Stage, ...] = (
           use=_summarize("extract"), enabled=lambda ctx: states_mode(ctx).reads_stored),
     Stage("train", "train", ("prepare", "vocab", "extract"), "train/final", _train_key, _train_run,
           use=_summarize("train")),
-    Stage("export", "export", ("train",), "export-{variant}/config.json",
-          lambda ctx, fmt: {**section(ctx, "export", "formats"), "format": fmt, "train": ctx.keys["train"]},
+    Stage("select", "select", ("train",), "select/selection.json", _select_key, _select_run, use=_select_use),
+    Stage("export", "export", ("train", "select"), "export-{variant}/config.json",
+          lambda ctx, fmt: {**section(ctx, "export", "formats"), "format": fmt, "train": ctx.keys["train"],
+                            "select": ctx.keys["select"]},
           _export_run, use=_export_use, variants=lambda ctx: list(ctx.cfg["export"]["formats"])),
     Stage("evaluate", "evaluate", ("export",), "evaluate/results.json", _evaluate_key, _evaluate_run,
           use=_summarize("evaluate"),

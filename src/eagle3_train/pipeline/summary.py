@@ -48,6 +48,8 @@ def format_summary(s: dict[str, Any], path: str | Path | None = None) -> str:
     if tr:
         rows.append(("training tokens/s", number(tr.get("tokens_per_s"))))
         rows.append(("estimated acceptance length (validation)", estimates_row(tr.get("validation") or {})))
+    if s.get("select"):
+        rows.append(("checkpoint exported", select_row(s["select"])))
     rows += evaluate_rows(s.get("evaluate") or {})
     for fmt, out in (s.get("exports") or {}).items():
         rows.append((f"exported draft ({fmt})", str(out)))
@@ -62,6 +64,16 @@ def format_summary(s: dict[str, Any], path: str | Path | None = None) -> str:
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines.append("=" * 100)
     return "\n".join(lines)
+
+
+def select_row(sel: dict[str, Any]) -> str:
+    """The checkpoint select chose, how, and what it was measured at."""
+    chosen = next((c for c in sel.get("candidates", []) if c["step"] == sel.get("selected_step")), {})
+    figures = ", ".join(f"{what} {number(chosen[key])}" for key, what in (("served", "served"),
+                                                                         ("estimate", "estimate"))
+                        if chosen.get(key) is not None)
+    return (f"step {sel.get('selected_step')} of {sel.get('last_step')} by {sel.get('by')}"
+            + (f" ({figures})" if figures else ""))
 
 
 def data_row(c: dict[str, Any]) -> str:

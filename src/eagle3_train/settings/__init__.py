@@ -214,6 +214,23 @@ class ExtractSettings:
 
 
 @dataclass
+class SelectSettings:
+    """The pipeline's select stage (evaluate/select.py): which of the training run's checkpoints export ships."""
+
+    SECTION: ClassVar[str] = "select"
+    by: Literal["auto", "served", "estimate", "final"] = setting(
+        "auto", "served: the kept checkpoint vLLM accepts most from on the validation split's first user turns "
+                "(each candidate exported and served); estimate: the training estimate on the validation split "
+                "(train's best/); final: the last weights; auto: served when the run's evaluate stage uses vLLM, else "
+                "estimate")
+    max_candidates: int = setting(3, "checkpoints served (the best by estimate; each is a server start)",
+                                  valid=">= 1")
+    num_prompts: int = setting(40, "validation-split prompts each candidate is served", valid=">= 1")
+    max_tokens: int = setting(64, "new tokens per prompt", valid=">= 1")
+    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", valid=">= 1")
+
+
+@dataclass
 class ExportSettings:
     SECTION: ClassVar[str] = "export"
     checkpoint: str = setting("", "training run dir (uses final/) or a checkpoint dir", positional=True, yaml=False)
@@ -403,7 +420,7 @@ class ServingSettings:
 # YAML sections of `eagle3-train run`, in pipeline order.
 SECTIONS: dict[str, type] = {
     "generate": GenerateSettings, "prepare": PrepareSettings, "vocab": VocabSettings, "extract": ExtractSettings,
-    "train": TrainConfig, "export": ExportSettings, "evaluate": EvaluateSettings}
+    "train": TrainConfig, "select": SelectSettings, "export": ExportSettings, "evaluate": EvaluateSettings}
 # Sections of a run config that are no stage: settings several stages share.
 SHARED_SECTIONS: dict[str, type] = {"serving": ServingSettings}
 # Settings of commands that are no pipeline section.
@@ -428,7 +445,8 @@ scale) follow a section's other settings in a table of their own.
 def config_reference() -> str:
     parts = [_INTRO, markdown_table(RunSettings, "Top level", "Keys at the top of a run config.")]
     for name, cls in SECTIONS.items():
-        command = name != "evaluate"  # the pipeline's evaluate section; the commands are `evaluate offline|served`
+        # the pipeline's evaluate and select sections; the commands are `evaluate offline|served`
+        command = name not in ("evaluate", "select")
         intro = f"Section `{name}:` of a run config" + (f"; command `eagle3-train {name}`." if command else ".")
         parts.append(markdown_table(cls, f"`{name}`", intro, flags_shown=command))
     for name, cls in SHARED_SECTIONS.items():

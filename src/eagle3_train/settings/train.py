@@ -166,6 +166,9 @@ class TrainConfig:
     save_every: int | None = setting(None, "checkpoint every N steps (also at the end of each epoch)", valid=">= 1")
     checkpoint_every_minutes: float = setting(30.0, "also checkpoint once this long since the last one, so a killed "
                                                     "run loses at most this much (0: off)", valid=">= 0")
+    early_stop: int | None = setting(None, "end training after N validations in a row without a better estimate "
+                                           "(the run then finishes at that step; unset: train every epoch)",
+                                     valid=">= 1")
     keep_last: int = setting(2, "step checkpoints kept (best/ and final/ are kept apart)", valid=">= 0")
     resume: bool = setting(False, "continue from the latest checkpoint in --out")
     overwrite: bool = setting(False, "set a finished or different run in --out aside (renamed OUT.previous-TIME) "

@@ -141,6 +141,8 @@ class Trainer:
         self.best: dict[str, Any] = {}
         self.last_val: dict[str, float] = {}
         self.validated_step = -1  # the step of the last validation (a resumed finished run must not log it again)
+        self.stale_validations = 0  # validations in a row without a better estimate (train.early_stop)
+        self.early_stopped = False
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
@@ -293,7 +295,14 @@ class Trainer:
 
     def maybe_best(self, val: dict[str, float]) -> None:
         key = self._best_key()
+        if key in val and val[key] <= self.best.get(key, -1.0):
+            self.stale_validations += 1
+            if self.cfg.early_stop and self.stale_validations >= self.cfg.early_stop:
+                self.early_stopped = True
+                log.info("early stop at step %d: %d validations without a better %s than %.4f (step %d)",
+                         self.step, self.stale_validations, key, self.best[key], self.best["step"])
         if key in val and val[key] > self.best.get(key, -1.0):
+            self.stale_validations = 0
             self.best = {key: val[key], "step": self.step}
             weights = self.engine.full_state_dict()
             if self.info.is_main:
@@ -352,7 +361,7 @@ class Trainer:
         window = StepSums(cfg.ttt_steps)
         eval_every = cfg.eval_every or self.steps_per_epoch
         stop_at = min(self.total_steps, self.step + cfg.stop_after) if cfg.stop_after else self.total_steps
-        while self.step < stop_at:
+        while self.step < stop_at and not self.early_stopped:
             plan = plan_batches(self.train_data.lengths, cfg.token_budget, cfg.seed, self.epoch)
             usable = self._usable_batches(plan)
             if usable == 0:
@@ -365,12 +374,12 @@ class Trainer:
             feed = Prefetcher(self.fetch_step, steps,
                               cfg.prefetch if states_mode(cfg.hidden_states_mode).served else 0)
             try:
-                while self.batch_in_epoch + mps <= usable and self.step < stop_at:
+                while self.batch_in_epoch + mps <= usable and self.step < stop_at and not self.early_stopped:
                     window = self._one_step(feed, window, t0, tok0, bar, eval_every, stop_at)
             finally:
                 self.timing["fetch_wait_s"] += feed.wait_s
                 feed.close()
-            if self._close_finished_epoch(usable) and self.step < self.total_steps:
+            if self._close_finished_epoch(usable) and self.step < self.total_steps and not self.early_stopped:
                 checkpointing.save(self, "end of epoch")
         if self.batch_in_epoch:  # resumed from a periodic checkpoint of the run's last step: the loop did not run
             self._close_finished_epoch(self._usable_batches())
@@ -432,7 +441,8 @@ class Trainer:
                     data.close()
 
     def _finish_run(self, t0: float, tok0: int) -> dict[str, Any]:
-        stopped = self.step < self.total_steps  # stopped early on request: checkpoint and leave
+        # stopped on request (stop_after): checkpoint and leave; an early stop (train.early_stop) finishes the run
+        stopped = self.step < self.total_steps and not self.early_stopped
         # A run killed after its last checkpoint but before final/ resumes here with that step validated and logged.
         if not stopped and self.validated_step != self.step:
             self._validate()
