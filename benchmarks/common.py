@@ -138,10 +138,11 @@ def build_prepared(work: Path, samples: int, max_length: int, verifier: str) -> 
 MEASURES = (("mtbench_t0", "mtbench", 0.0), ("humaneval_t0", "humaneval", 0.0), ("mtbench_t1", "mtbench", 1.0))
 
 
-def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES) -> dict:
-    """One vLLM server per draft (speculators format: the config names the verifier), `measures` against it."""
+def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES, dtype: str = "auto") -> dict:
+    """One vLLM server per draft (speculators format: the config names the verifier), `measures` against it;
+    `dtype`: the server's (a ServerDtype: auto, native, ...)."""
     out = {}
-    with VLLMServer(draft, startup_matters=True, log_path=log_dir / "vllm.log") as server:
+    with VLLMServer(draft, startup_matters=True, log_path=log_dir / "vllm.log", dtype=dtype) as server:
         for name, bench, temperature in measures:
             prompts = load_prompts(bench, limit=num_prompts, turns=1)
             r = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=128, concurrency=8,

@@ -22,6 +22,7 @@ from typing import Any
 
 from eagle3_train.checkpoints.native import METADATA, is_checkpoint
 from eagle3_train.settings import SelectSettings
+from eagle3_train.settings.common import NUM_SPECULATIVE_TOKENS
 from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,8 @@ def resolve_by(by: str, vllm: bool | str = "auto") -> str:
 
 def select_checkpoint(train_dir: str | Path, verifier_dir: str | Path, prepared_dir: str | Path,
                       out_dir: str | Path, *, by: str = _D.by, max_candidates: int = _D.max_candidates,
-                      num_prompts: int = _D.num_prompts, max_tokens: int = _D.max_tokens, k: int = _D.k,
+                      num_prompts: int = _D.num_prompts, max_tokens: int = _D.max_tokens,
+                      k: int = NUM_SPECULATIVE_TOKENS,
                       serving: dict[str, Any] | None = None, trust_remote_code: bool = False) -> dict[str, Any]:
     """Choose the checkpoint to ship; returns {"by", "selected", "candidates", ...} and writes OUT/selection.json."""
     train_dir, out_dir = Path(train_dir), Path(out_dir)

@@ -280,14 +280,15 @@ def _select_key(ctx: RunContext, _v: str | None) -> dict[str, Any]:
 
     # auto: served when the run is judged by vLLM (evaluate.vllm), so the key holds the outcome
     by = resolve_by(ctx.cfg["select"]["by"], ctx.cfg["evaluate"]["vllm"])
-    return {**ctx.cfg["select"], "by": by, "train": ctx.keys["train"],
+    k = ctx.cfg["select"].get("k") or ctx.cfg["export"]["speculative_tokens"]  # serve it as export will
+    return {**ctx.cfg["select"], "by": by, "k": k, "train": ctx.keys["train"],
             **(with_serving(ctx) if by == "served" else {})}
 
 
 def _select_run(ctx: RunContext, _v: str | None) -> Any:
     from eagle3_train.evaluate.select import select_checkpoint
 
-    settings = {k: ctx.keys["select"][k] for k in ctx.cfg["select"]}  # `by` as resolved in the key
+    settings = {k: ctx.keys["select"][k] for k in (*ctx.cfg["select"], "k")}  # `by` and `k` as the key holds them
     return select_checkpoint(ctx.run_dir / "train", ctx.verifier_dir, ctx.run_dir / "prepared",
                              ctx.run_dir / "select", serving=ctx.serving(),
                              trust_remote_code=ctx.trust_remote_code, **settings)

@@ -227,7 +227,8 @@ class SelectSettings:
                                   valid=">= 1")
     num_prompts: int = setting(40, "validation-split prompts each candidate is served", valid=">= 1")
     max_tokens: int = setting(64, "new tokens per prompt", valid=">= 1")
-    k: int = setting(NUM_SPECULATIVE_TOKENS, "draft tokens per speculation round", valid=">= 1")
+    k: int | None = setting(None, "draft tokens per speculation round (default: export.speculative_tokens)",
+                            valid=">= 1")
 
 
 @dataclass

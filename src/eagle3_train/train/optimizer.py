@@ -4,6 +4,11 @@ Muon (torch.optim.Muon) orthogonalises each matrix's momentum by Newton-Schulz i
 its step has AdamW's RMS, so the learning rate tuned for AdamW carries over. As in speculators (whose GPU default it
 is), the matrices of the fc and the decoder layers go to Muon and the lm_head, the norms and everything else to AdamW.
 Each optimizer has its own schedule of the same shape, and both states go into the checkpoint.
+
+Under FSDP2 a matrix is a DTensor sharded by rows, and Newton-Schulz needs the whole matrix: `ShardedMuon` keeps
+the momentum sharded, gathers each matrix's (Nesterov) update, orthogonalises it on every rank (the same numbers on
+each, so no broadcast) and applies the rank's own rows. Its steps are torch.optim.Muon's to the last bit on the
+same gradients; the gather costs one matrix per parameter at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,54 @@ def muon_parameter_names(model: torch.nn.Module) -> list[str]:
             if p.requires_grad and p.ndim == 2 and not n.startswith(ADAMW_ONLY)]
 
 
+class ShardedMuon(torch.optim.Muon):
+    """torch.optim.Muon whose parameters may be DTensors sharded over ranks (FSDP2): see the module docstring."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.distributed.tensor import DTensor
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                if isinstance(update, DTensor):
+                    whole = _zeropower_via_newtonschulz(update.full_tensor(), group["ns_coefficients"],
+                                                        group["ns_steps"], group["eps"])
+                    update = _own_rows(whole, p)
+                else:
+                    update = _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"],
+                                                         group["eps"])
+                p.mul_(1 - lr * wd)
+                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+def _own_rows(whole: torch.Tensor, like) -> Any:
+    """The part of a whole matrix that the DTensor `like` holds on this rank, as a DTensor placed like it."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(whole.shape, like.device_mesh, like.placements)
+    local = whole[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    return DTensor.from_local(local.contiguous(), like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
+
+
 class DraftOptimizer:
     """One or two torch optimizers, each with a LambdaLR of the same schedule, stepped together."""
 
@@ -37,7 +90,7 @@ class DraftOptimizer:
             [p for n, p in named if n not in muon_names], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
             weight_decay=cfg.weight_decay)]
         if muon_names:
-            self.optimizers.append(torch.optim.Muon(
+            self.optimizers.append(ShardedMuon(
                 [p for n, p in named if n in muon_names], lr=cfg.muon_lr or cfg.lr, momentum=cfg.muon_momentum,
                 weight_decay=cfg.muon_weight_decay, adjust_lr_fn="match_rms_adamw"))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in self.optimizers]

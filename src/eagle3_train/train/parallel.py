@@ -217,9 +217,10 @@ class FSDPEngine(Engine):
 def make_engine(name: str, module: TTTModule, info: DistInfo, device: torch.device, precision: str,
                 optimizer: str, offload_optimizer: bool = False) -> Engine:
     """The engine `name` (resolved by `choose_engine`) over `module`; one process needs none."""
-    if name == "fsdp" and optimizer == "muon":
-        raise Eagle3InputError("train.optimizer muon orthogonalises whole weight matrices, which FSDP shards over "
-                               "the ranks: train with train.parallel ddp, or train.optimizer adamw under fsdp")
+    if offload_optimizer and optimizer == "muon":  # its step gathers whole matrices, which offloaded states are not
+        raise Eagle3InputError("train.offload_optimizer keeps the optimizer states on the CPU, where Muon's "
+                               "gather of whole matrices would not run on the GPUs' process group: use "
+                               "train.optimizer adamw with offload_optimizer")
     if offload_optimizer and name != "fsdp":
         raise Eagle3InputError("train.offload_optimizer needs train.parallel fsdp (FSDP2's CPU offload)")
     if name == "fsdp" and dist.is_initialized():  # under torchrun, a group of one too (a check of the FSDP path)
