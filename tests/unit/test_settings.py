@@ -81,7 +81,8 @@ def test_stage_modules_write_no_flag_defaults_of_their_own():
 
 
 def test_every_pipeline_section_and_command_has_one_dataclass():
-    assert list(settings.SECTIONS) == ["generate", "prepare", "vocab", "extract", "train", "export", "evaluate"]
+    assert list(settings.SECTIONS) == ["generate", "prepare", "vocab", "extract", "train", "select", "export",
+                                       "evaluate"]
     for cls in [*settings.SECTIONS.values(), *settings.COMMANDS.values()]:
         assert dataclasses.is_dataclass(cls) and all(f.metadata.get("help") for f in dataclasses.fields(cls)), cls
 
@@ -328,12 +329,12 @@ def test_config_reference_is_up_to_date():
 
 
 def test_train_core_stays_small_and_experimental_settings_are_listed_apart():
-    """TrainConfig's core (what is not marked experimental) stays at most 61 settings; the experimental ones are a
+    """TrainConfig's core (what is not marked experimental) stays at most 62 settings; the experimental ones are a
     table of their own in docs/CONFIG.md and say so in their flag's help."""
     from eagle3_train.utils.settings import core_fields, is_experimental
 
     experimental = [f.name for f in dataclasses.fields(TrainConfig) if is_experimental(f)]
-    assert len(core_fields(TrainConfig)) <= 61, len(core_fields(TrainConfig))  # 61st: report_to
+    assert len(core_fields(TrainConfig)) <= 62, len(core_fields(TrainConfig))  # 61st: report_to, 62nd: early_stop
     assert set(experimental) == {"loss", "loss_mix", "optimizer", "muon_lr", "muon_momentum", "muon_weight_decay",
                                  "hidden_size", "offload_optimizer"}
     committed = (REPO / "docs" / "CONFIG.md").read_text()
@@ -419,3 +420,17 @@ def test_a_config_string_for_a_list_whose_items_may_hold_commas_is_one_item():
     assert s.data == ["chats,v2.jsonl"]
     assert parse_set(["data=a,b.jsonl"], PrepareSettings) == {"data": ["a,b.jsonl"]}
     assert parse_set(["splits=train,validation"], settings.ExtractSettings)["splits"] == ["train", "validation"]
+
+
+def test_unset_eagle31_norms_are_on_and_give_way_to_norm_before_fc():
+    """The EAGLE 3.1 norms are the default draft (both engines serve them); fc_norm stays off beside
+    norm_before_fc, which it replaces; a value the user sets is kept."""
+    assert TrainConfig().draft_norms() == {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": True,
+                                           "norm_output": True}
+    assert TrainConfig(norm_before_fc=True).draft_norms()["fc_norm"] is False
+    assert TrainConfig(fc_norm=False, norm_output=False).draft_norms() == {
+        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
+    # a checkpoint of a run without them (an older version's default) is not resumed as if it had them
+    old = {**TrainConfig().to_dict(), "fc_norm": False, "norm_output": False}
+    assert sorted(TrainConfig().resume_conflicts(old)) == ["fc_norm False -> True", "norm_output False -> True"]
+    assert TrainConfig(fc_norm=False, norm_output=False).resume_conflicts(old) == []
