@@ -421,16 +421,3 @@ def test_a_config_string_for_a_list_whose_items_may_hold_commas_is_one_item():
     assert parse_set(["data=a,b.jsonl"], PrepareSettings) == {"data": ["a,b.jsonl"]}
     assert parse_set(["splits=train,validation"], settings.ExtractSettings)["splits"] == ["train", "validation"]
 
-
-def test_unset_eagle31_norms_are_on_and_give_way_to_norm_before_fc():
-    """The EAGLE 3.1 norms are the default draft (both engines serve them); fc_norm stays off beside
-    norm_before_fc, which it replaces; a value the user sets is kept."""
-    assert TrainConfig().draft_norms() == {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": True,
-                                           "norm_output": True}
-    assert TrainConfig(norm_before_fc=True).draft_norms()["fc_norm"] is False
-    assert TrainConfig(fc_norm=False, norm_output=False).draft_norms() == {
-        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
-    # a checkpoint of a run without them (an older version's default) is not resumed as if it had them
-    old = {**TrainConfig().to_dict(), "fc_norm": False, "norm_output": False}
-    assert sorted(TrainConfig().resume_conflicts(old)) == ["fc_norm False -> True", "norm_output False -> True"]
-    assert TrainConfig(fc_norm=False, norm_output=False).resume_conflicts(old) == []

@@ -132,6 +132,7 @@ def _by_served(cands: list[Candidate], verifier_dir: str | Path, prepared_dir: s
     from eagle3_train.assets.tokenizer import load_tokenizer
     from eagle3_train.evaluate.held_out import validation_prompts
     from eagle3_train.evaluate.pipeline_eval import served_acceptance
+    from eagle3_train.evaluate.served import acceptance_of
     from eagle3_train.export.exporter import export
 
     prompts = validation_prompts(prepared_dir, load_tokenizer(verifier_dir, trust_remote_code), num_prompts)
@@ -143,7 +144,11 @@ def _by_served(cands: list[Candidate], verifier_dir: str | Path, prepared_dir: s
         export(c.path, draft, fmt="eagle", speculative_tokens=k, overwrite=True)
         r = served_acceptance(verifier_dir, draft, prompts, k=k, max_tokens=max_tokens, serving=serving,
                               log_dir=out_dir / "candidates", trust_remote_code=trust_remote_code)
-        c.served = float(r["mean_acceptance_length"])
+        served = acceptance_of(r)["mean_acceptance_length"]
+        if served is None:
+            raise Eagle3InputError(f"select: vLLM reported no drafts for {c.path} (spec-decode counters absent: "
+                                   f"see the server log in {out_dir / 'candidates'})")
+        c.served = float(served)
         log.info("[select] %s (step %d): served %.3f, estimate %s", c.name, c.step, c.served,
                  "-" if c.estimate is None else f"{c.estimate:.3f}")
     result.update({"prompts": {"source": "validation split, first user turns", "num_prompts": len(prompts),

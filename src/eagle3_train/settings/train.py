@@ -53,16 +53,6 @@ def auto_parallel(world_size: int, trainable: int, device_bytes: float | None) -
     return "ddp"
 
 
-def _norms_resolved(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings with unset EAGLE 3.1 norms as the draft gets them (TrainConfig.draft_norms)."""
-    out = dict(settings)
-    if "fc_norm" in out and out["fc_norm"] is None:
-        out["fc_norm"] = not out.get("norm_before_fc")
-    if "norm_output" in out and out["norm_output"] is None:
-        out["norm_output"] = True
-    return out
-
-
 @dataclass
 class TrainConfig:
     SECTION: ClassVar[str] = "train"
@@ -150,10 +140,11 @@ class TrainConfig:
                                                 "ignores it)")
     norm_before_fc: bool = setting(False, "one RMSNorm over the concatenated aux features before fc (vLLM, SGLang's "
                                           "Llama loader; not on MLA drafts)")
-    fc_norm: bool | None = setting(None, "EAGLE 3.1: one RMSNorm per aux feature (chunk) before fc (vLLM, SGLang); "
-                                         "unset: on, unless norm_before_fc is (the two exclude each other)")
-    norm_output: bool | None = setting(None, "EAGLE 3.1: feed the draft's post-norm output hidden state back to the "
-                                             "next step (vLLM, SGLang); unset: on")
+    fc_norm: bool = setting(False, "EAGLE 3.1: one RMSNorm per aux feature (chunk) before fc (vLLM, SGLang); with "
+                                   "norm_output it served 0.13 lower under AdamW here and tied under Muon "
+                                   "(benchmarks/README.md)")
+    norm_output: bool = setting(False, "EAGLE 3.1: feed the draft's post-norm output hidden state back to the next "
+                                       "step (vLLM, SGLang)")
     lm_head_init: Literal["verifier", "random"] = setting(
         "verifier", "start the draft lm_head from the verifier's rows of the draft vocabulary, or at random")
     # finetuning
@@ -243,21 +234,13 @@ class TrainConfig:
 
     def resume_conflicts(self, previous: dict[str, Any]) -> list[str]:
         """Settings of a checkpoint's run (`previous`) that differ from ours in a way that changes the result."""
-        now, previous = _norms_resolved(self.to_dict()), _norms_resolved(previous)
+        now = self.to_dict()
         changed = [f"{k} {previous[k]!r} -> {now[k]!r}" for k in now
                    if k not in RESUME_MAY_CHANGE and k in previous and previous[k] != now[k]]
         return changed + [f"{k} {previous[k]!r}: a retired option (benchmarks/LOG.md, 'Retired training options'); "
                           f"this version trains only as with {v!r}" for k, v in RETIRED.items()
                           if k in previous and previous[k] != v
                           and not (k in _LAYER_INIT_ONLY and previous.get("layer_init") == "random")]
-
-    def draft_norms(self) -> dict[str, bool]:
-        """The draft's norm options as a run from scratch builds them. Unset EAGLE 3.1 norms are on: they served
-        best in vLLM at equal data (benchmarks/README.md, "EAGLE 3.1 and the optimizer") and both engines serve
-        them on both layer kinds; fc_norm stays off beside norm_before_fc, which it replaces."""
-        fc_norm = (not self.norm_before_fc) if self.fc_norm is None else self.fc_norm
-        return {"norm_before_residual": self.norm_before_residual, "norm_before_fc": self.norm_before_fc,
-                "fc_norm": fc_norm, "norm_output": True if self.norm_output is None else self.norm_output}
 
     def step_weights(self) -> list[float]:
         return [self.step_decay ** j for j in range(self.ttt_steps)]

@@ -22,8 +22,9 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
     d2t, t2d = vocab if vocab is not None else (inputs.d2t, inputs.t2d)
     draft_cfg = DraftConfig.from_verifier(
         inputs.verifier.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
-        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers, **cfg.draft_norms(),
-        architecture=cfg.architecture, hidden_size=cfg.hidden_size)
+        intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+        norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size)
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier.name

@@ -208,8 +208,8 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
         _warn(notes, f"train.architecture={cfg.architecture} replaced by the source's {overrides['architecture']}")
     for f in RUN_ARCH_SETTINGS:
         mine = getattr(cfg, f)
-        if f in ("intermediate_size", "hidden_size", "fc_norm", "norm_output") and mine is None:
-            continue  # "the verifier's" or the default norms - not a choice the user made
+        if f in ("intermediate_size", "hidden_size") and mine is None:
+            continue  # "the verifier's" - not a choice the user made
         if f == "hidden_size" and overrides["target_hidden_size"] is None and mine == H:
             continue  # the verifier's width, named
         if mine != overrides[f]:
