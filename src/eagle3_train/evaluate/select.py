@@ -144,11 +144,11 @@ def _by_served(cands: list[Candidate], verifier_dir: str | Path, prepared_dir: s
         export(c.path, draft, fmt="eagle", speculative_tokens=k, overwrite=True)
         r = served_acceptance(verifier_dir, draft, prompts, k=k, max_tokens=max_tokens, serving=serving,
                               log_dir=out_dir / "candidates", trust_remote_code=trust_remote_code)
-        served = acceptance_of(r)["mean_acceptance_length"]
-        if served is None:
+        mean = acceptance_of(r)["mean_acceptance_length"]
+        if mean is None:
             raise Eagle3InputError(f"select: vLLM reported no drafts for {c.path} (spec-decode counters absent: "
                                    f"see the server log in {out_dir / 'candidates'})")
-        c.served = float(served)
+        c.served = float(mean)
         log.info("[select] %s (step %d): served %.3f, estimate %s", c.name, c.step, c.served,
                  "-" if c.estimate is None else f"{c.estimate:.3f}")
     result.update({"prompts": {"source": "validation split, first user turns", "num_prompts": len(prompts),
