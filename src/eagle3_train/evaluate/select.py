@@ -1,8 +1,9 @@
 """Which of a training run's checkpoints to ship: the one vLLM accepts most from on held-out prompts.
 
-The training estimate (acceptance from training-time test on the validation split) ranks checkpoints cheaply but
-not faithfully: it ran 0.06-0.10 above vLLM on mixed data, and more epochs can lower served acceptance while the loss
-still falls. So `by: served` exports each candidate as the EAGLE format, serves it beside the verifier and sends the
+The training estimate (acceptance from training-time test on the validation split) ranks checkpoints cheaply; it
+stayed within 0.026 of vLLM on one run's checkpoints (benchmarks/checkpoint_selection.py) but is not what the engine
+does, and more epochs can lower served acceptance while the loss still falls. So `by: served` exports each
+candidate as the EAGLE format, serves it beside the verifier and sends the
 first user turns of the validation split (never trained on); `by: estimate` ranks by the training estimate;
 `final` keeps the last weights. `auto`: served when vLLM judges the run (evaluate.vllm), else estimate. Candidates
 are the checkpoints the run kept (`checkpoints/step-*`, `checkpoints/best`); only the `max_candidates` best by
