@@ -218,3 +218,16 @@ def test_float16_beside_a_deepseek_verifier_with_a_draft_is_refused(tmp_path):
         VLLMServer(verifier, speculative=spec, dtype="float16")
     VLLMServer(verifier, speculative=spec, dtype="bfloat16")  # the dtype it is served in
     VLLMServer(verifier, dtype="float16")  # no draft: nothing reads the aux states
+
+
+def test_native_dtype_is_bf16_only_where_the_cpu_computes_it(monkeypatch):
+    """serving.dtype native: bf16 on CUDA and on CPUs with AVX512-BF16/AMX, else as auto (float32; MLA's bf16)."""
+    from eagle3_train.serving.vllm_options import resolve_dtype, server_options
+
+    mla = {"model_type": "deepseek_v3"}
+    monkeypatch.setenv("EAGLE3_TRAIN_CPU_BF16", "1")
+    assert resolve_dtype("cpu", "native", {}) == "bfloat16" == server_options("cpu", "native")["dtype"]
+    monkeypatch.setenv("EAGLE3_TRAIN_CPU_BF16", "0")
+    assert resolve_dtype("cpu", "native", {}) == "float32" and resolve_dtype("cpu", "native", mla) == "bfloat16"
+    assert resolve_dtype("cuda", "native", {}) == "bfloat16" and resolve_dtype("cpu", "auto", {}) == "float32"
+    assert resolve_dtype("cpu", "float16", {}) == "float16"
