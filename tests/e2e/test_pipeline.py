@@ -215,6 +215,24 @@ def served_run_config(tmp_path, tiny_llama_dir, extract: dict | None = None, tra
 
 @pytest.mark.slow
 @pytest.mark.vllm
+def test_pipeline_exports_the_checkpoint_vllm_accepts_most_from(tmp_path, tiny_llama_dir, capsys):
+    """select.by served: each kept checkpoint is served on the validation first turns, and export ships the winner."""
+    config = served_run_config(tmp_path, tiny_llama_dir, train={"max_steps": 4, "eval_every": 2, "save_every": 2})
+    config["select"] = {"by": "served", "num_prompts": 2, "max_tokens": 8}
+    Pipeline(config).run()
+    run = tmp_path / "run"
+    sel = json.loads((run / "select" / "selection.json").read_text())
+    assert sel["by"] == "served" and [c["step"] for c in sel["candidates"]] == [2, 4]
+    assert all(c["served"] >= 1.0 for c in sel["candidates"])
+    best = max(sel["candidates"], key=lambda c: (c["served"], c["step"]))
+    assert sel["selected_step"] == best["step"]
+    meta = json.loads((run / "export-eagle" / "training_metadata.json").read_text())
+    assert meta["progress"]["step"] == best["step"]
+    assert "checkpoint exported" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
 def test_pipeline_extracts_through_a_vllm_server_it_starts(tmp_path, tiny_llama_dir, capsys):
     config = served_run_config(tmp_path, tiny_llama_dir, extract={"backend": "vllm", "dtype": "bfloat16"})
     Pipeline(config).dry_run()
