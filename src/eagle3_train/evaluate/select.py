@@ -3,8 +3,8 @@
 The training estimate (acceptance from training-time test on the validation split) ranks checkpoints cheaply; it
 stayed within 0.026 of vLLM on one run's checkpoints (benchmarks/checkpoint_selection.py) but is not what the engine
 does, and more epochs can lower served acceptance while the loss still falls. So `by: served` exports each
-candidate as the EAGLE format, serves it beside the verifier and sends the
-first user turns of the validation split (never trained on); `by: estimate` ranks by the training estimate;
+candidate as the EAGLE format, serves it beside the verifier and sends the first user turns of the validation split
+(never trained on); `by: estimate` ranks by the training estimate;
 `final` keeps the last weights. `auto`: served when vLLM judges the run (evaluate.vllm), else estimate. Candidates
 are the checkpoints the run kept (`checkpoints/step-*`, `checkpoints/best`); only the `max_candidates` best by
 estimate are served (each is a server start).
@@ -15,7 +15,6 @@ prepared_dir, out_dir, **SelectSettings values) -> dict` (writes OUT/selection.j
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 from eagle3_train.checkpoints.native import METADATA, is_checkpoint
 from eagle3_train.settings import SelectSettings
 from eagle3_train.settings.common import NUM_SPECULATIVE_TOKENS
-from eagle3_train.utils.io import Eagle3InputError, read_json, write_json
+from eagle3_train.utils.io import Eagle3InputError, read_json, read_jsonl, write_json
 
 log = logging.getLogger(__name__)
 _D = SelectSettings
@@ -42,15 +41,11 @@ class Candidate:
 def _estimates(train_dir: Path, k: int) -> dict[int, float]:
     """step -> the validation estimate logged at that step (metrics.jsonl; the last line of a step wins): acceptance
     at min(ttt_steps, k) draft tokens, the figure train ranks `best/` by."""
-    out: dict[int, float] = {}
     path = train_dir / "metrics.jsonl"
     if not path.is_file():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
+        return {}
+    out: dict[int, float] = {}
+    for _, row in read_jsonl(path):
         if row.get("split") != "validation" or "step" not in row:
             continue
         for n in range(k, 0, -1):
@@ -60,7 +55,7 @@ def _estimates(train_dir: Path, k: int) -> dict[int, float]:
     return out
 
 
-def checkpoint_candidates(train_dir: str | Path, k: int = 3) -> list[Candidate]:
+def checkpoint_candidates(train_dir: str | Path, k: int = NUM_SPECULATIVE_TOKENS) -> list[Candidate]:
     """The checkpoints a run kept, one per step (`best/` only when no step checkpoint has its step), by step."""
     train_dir = Path(train_dir)
     found: dict[int, Candidate] = {}

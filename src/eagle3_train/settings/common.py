@@ -24,7 +24,7 @@ CONCURRENCY = 8  # requests in flight against a server
 EXTRACT_GPU_MEMORY_UTILIZATION = 0.3  # a hidden-state server leaves room for training (on CPU: the share of RAM)
 VERIFIER_HELP = "verifier: embedded name (smollm2-135m-instruct), HF checkpoint dir, .gguf file or hub id"
 SERVER_DTYPE_CHOICES = ("auto: float32 on CPU (bfloat16 for MLA verifiers), bfloat16 on CUDA; native: bfloat16 where "
-                        "the CPU has AVX512-BF16 or AMX (~1.8x faster), else as auto")
+                        "the CPU has AVX512-BF16 or AMX (extract 1.5x faster here), else as auto")
 TRUST_HELP = "run code the verifier ships (e.g. Kimi's tokenizer/config classes); off by default, recorded"
 VLLM_ARGS_HELP = ("extra vLLM server flags, passed through as given (e.g. --vllm-arg=--tensor-parallel-size=8 "
                   "or, in YAML, ['--tensor-parallel-size', '8']); each item is split like a shell would; a flag "

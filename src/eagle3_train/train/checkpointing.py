@@ -27,7 +27,7 @@ def training_state(t: Any, rng_ranks: list[Any]) -> dict[str, Any]:
             "tokens_seen": t.tokens_seen, "best": t.best, "rng": rng_ranks[0], "rng_ranks": rng_ranks,
             "last_val": t.last_val, "last_train": t.last_train, "started": t.started,
             "skipped_samples": t.skipped_samples(), "validated_step": t.validated_step,
-            "stale_validations": t.stale_validations, "early_stopped": t.early_stopped,
+            "stale_validations": t.stale_validations,
             "metrics_lines": t.metrics.lines}
 
 
@@ -89,7 +89,6 @@ def resume(t: Any) -> bool:
     t.skipped_before = int(state.get("skipped_samples", 0))
     t.validated_step = int(state.get("validated_step", -1))
     t.stale_validations = int(state.get("stale_validations", 0))
-    t.early_stopped = bool(state.get("early_stopped", False))
     t.init_record = prev.get("init", t.init_record)
     t.metrics.keep_until(t.step, state.get("metrics_lines"))
     log.info("resumed from %s at step %d (epoch %d, batch %d)", latest, t.step, t.epoch, t.batch_in_epoch)

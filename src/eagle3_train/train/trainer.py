@@ -142,7 +142,6 @@ class Trainer:
         self.last_val: dict[str, float] = {}
         self.validated_step = -1  # the step of the last validation (a resumed finished run must not log it again)
         self.stale_validations = 0  # validations in a row without a better estimate (train.early_stop)
-        self.early_stopped = False
         self.metrics = MetricsLog(self.out, self.info.is_main)
         self.last_train: dict[str, float] = {}
         self.started = now_iso()
@@ -293,12 +292,16 @@ class Trainer:
         """Rank at the k that export and serving use (as far as training-time test estimates it)."""
         return f"accept_len_k{min(self.cfg.ttt_steps, NUM_SPECULATIVE_TOKENS)}"
 
+    @property
+    def early_stopped(self) -> bool:
+        """train.early_stop validations in a row brought no better estimate (a resume cannot change the setting)."""
+        return bool(self.cfg.early_stop) and self.stale_validations >= self.cfg.early_stop
+
     def maybe_best(self, val: dict[str, float]) -> None:
         key = self._best_key()
         if key in val and val[key] <= self.best.get(key, -1.0):
             self.stale_validations += 1
-            if self.cfg.early_stop and self.stale_validations >= self.cfg.early_stop:
-                self.early_stopped = True
+            if self.early_stopped:
                 log.info("early stop at step %d: %d validations without a better %s than %.4f (step %d)",
                          self.step, self.stale_validations, key, self.best[key], self.best["step"])
         if key in val and val[key] > self.best.get(key, -1.0):
