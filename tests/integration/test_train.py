@@ -246,8 +246,10 @@ def test_best_checkpoint_is_ranked_at_the_exported_k(stages, tmp_path):
 def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
     """checkpoint_loss / checkpoint_mlp recompute activations in backward: same training, within float rounding."""
     root, _ = stages
-    kept = train(config(root, tmp_path / "kept", max_steps=4, checkpoint_loss=False, checkpoint_mlp=False))
-    recomputed = train(config(root, tmp_path / "recomputed", max_steps=4))
+    # AdamW: Muon's bf16 Newton-Schulz would turn the recomputation's float roundings into bf16 steps
+    kept = train(config(root, tmp_path / "kept", max_steps=4, checkpoint_loss=False, checkpoint_mlp=False,
+                        optimizer="adamw"))
+    recomputed = train(config(root, tmp_path / "recomputed", max_steps=4, optimizer="adamw"))
     a, b = weights(tmp_path / "kept"), weights(tmp_path / "recomputed")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
@@ -258,11 +260,14 @@ def test_recomputation_in_backward_changes_memory_not_results(stages, tmp_path):
 def test_two_process_data_parallel_matches_single_process(stages, tmp_path):
     root, _ = stages
     single = tmp_path / "single"
-    train(config(root, single, max_steps=3, grad_accum=2))
+    # AdamW: the engines' arithmetic; Muon's bf16 Newton-Schulz is compared at its own tolerance in
+    # test_parallel_engines.py
+    train(config(root, single, max_steps=3, grad_accum=2, optimizer="adamw"))
     ddp = tmp_path / "ddp"
     args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
             str(root / "vocab"), "--out", str(ddp), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
-            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false"]
+            "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false",
+            "--set", "train.optimizer=adamw"]
     proc = run_torchrun(["-m", "eagle3_train.cli", "train", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((ddp / "training_metadata.json").read_text())
@@ -363,7 +368,7 @@ def test_two_nodes_train_as_one_sharded_run(stages, tmp_path):
 
     root, _ = stages
     single = tmp_path / "single"
-    train(config(root, single, max_steps=3, grad_accum=2, precision="fp32"))
+    train(config(root, single, max_steps=3, grad_accum=2, precision="fp32", optimizer="adamw"))
     out = tmp_path / "nodes"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -371,7 +376,7 @@ def test_two_nodes_train_as_one_sharded_run(stages, tmp_path):
     args = ["--prepared", str(root / "prepared"), "--hidden-states", str(root / "hidden"), "--vocab",
             str(root / "vocab"), "--out", str(out), "--ttt-steps", "3", "--token-budget", "512", "--lr", "3e-3",
             "--max-steps", "3", "--seed", "0", "--set", "train.warmup_ratio=0.1", "--set", "train.tensorboard=false",
-            "--precision", "fp32", "--set", "train.parallel=fsdp"]
+            "--precision", "fp32", "--set", "train.parallel=fsdp", "--set", "train.optimizer=adamw"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # `eagle3-train launch`'s command, run once per "machine"
     cmd = node_command(LaunchSettings(2, 1, f"127.0.0.1:{port}", ["train", *args]),

@@ -298,7 +298,7 @@ def test_kimi_mla_draft_finetune_dry_run_at_full_size(kimi, tmp_path):
     planned = plan(PlanSettings(verifier=str(verifier), samples=train["samples"], finetune_from=str(source),
                                 tokens_per_sample=train["tokens"] // train["samples"], ttt_steps=7, token_budget=4096))
     assert planned.draft["architecture"] == "mla" and report["memory"]["plan"]["peak_bytes"] == planned.memory["peak"]
-    static = sum(planned.memory[k] for k in ("weights_fp32_master", "grads", "adamw_states", "frozen_embedding",
+    static = sum(planned.memory[k] for k in ("weights_fp32_master", "grads", "optimizer_states", "frozen_embedding",
                                              "verifier_lm_head"))
     assert static == pytest.approx(report["memory"]["per_rank_bytes_without_activations"], rel=0.1)
     assert cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)

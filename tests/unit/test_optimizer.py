@@ -61,3 +61,22 @@ def test_a_muon_run_resumes_exactly(tiny_stages, tmp_path):
     # a checkpoint of one optimizer does not silently resume under the other
     with pytest.raises(Eagle3InputError, match="optimizer"):
         train(train_config(root, tmp_path / "resumed", max_steps=6, optimizer="adamw", resume=True))
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_the_planned_optimizer_state_is_what_the_optimizer_holds(tiny_stages, tmp_path, optimizer):
+    """plan and the dry run count `optimizer_state_bytes`: after a real step, the optimizers' state tensors (steps
+    excepted: scalars) take exactly that many bytes, under either optimizer."""
+    from eagle3_train.train.optimizer import muon_parameter_sizes, optimizer_state_bytes
+
+    root, _ = tiny_stages
+    cfg = train_config(root, tmp_path / "run", max_steps=1, optimizer=optimizer)
+    trainer = Trainer(cfg)
+    trainer.train_step(plan_batches(trainer.train_data.lengths, cfg.token_budget, cfg.seed, 0)[:1])
+    held = sum(t.numel() * t.element_size() for o in trainer.optimizer.optimizers for st in o.state.values()
+               for t in st.values() if isinstance(t, torch.Tensor) and t.ndim > 0)
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    muon, largest = muon_parameter_sizes(trainer.model)
+    assert held == optimizer_state_bytes(optimizer, trainable, muon)
+    assert 0 < largest < muon < trainable
+    trainer.train_data.close()

@@ -375,8 +375,13 @@ def test_a_405b_class_draft_fits_16_gpus_of_80_gb_only_sharded(tmp_path):
     assert "train.parallel fsdp fits" in ddp.recommendation
     # auto shards (16 bytes of fp32 state per parameter would fill most of each GPU) and it fits
     assert auto.memory["engine"] == "fsdp" and auto.modes["offline"]["fits"] and auto.memory["peak"] < 80e9
-    # the fp32 weights, gradients and AdamW states are divided over the 16 ranks; the units gathered in bf16
-    assert auto.memory["adamw_states"] == int(8 * P / 16) and auto.memory["autocast_weight_copies"] == 0
+    # the fp32 weights, gradients and optimizer states are divided over the 16 ranks; the units gathered in bf16.
+    # Muon (the default) keeps one fp32 buffer per matrix element, AdamW two per element
+    M = auto.parameters["muon"]
+    assert 0.85 * P < M < P and auto.memory["optimizer_states"] == int((8 * P - 4 * M) / 16)
+    assert auto.memory["autocast_weight_copies"] == 0
+    adamw = plan(PlanSettings(**base, optimizer="adamw"))
+    assert adamw.memory["optimizer_states"] == int(8 * P / 16) and adamw.memory["peak"] > auto.memory["peak"]
     assert auto.memory["gathered_units"] > 0 and auto.memory["by_engine"]["ddp"]["fits"] is False
     # fewer bytes per step than the replicated all-reduce: bf16 gathers + an fp32 reduce-scatter vs 2 x fp32
     comm = auto.memory["by_engine"]
@@ -384,7 +389,7 @@ def test_a_405b_class_draft_fits_16_gpus_of_80_gb_only_sharded(tmp_path):
     assert comm["fsdp"]["communication"]["across_nodes"] > 0
     # one node, one GPU: nothing to shard, the replicated figures
     one = plan(PlanSettings(**{**base, "gpus": 1, "nodes": 1}))
-    assert one.memory["engine"] == "ddp" and one.memory["adamw_states"] == 8 * P
+    assert one.memory["engine"] == "ddp" and one.memory["optimizer_states"] == 8 * P - 4 * M
     assert "train.parallel fsdp" in format_plan(auto) and "across nodes" in format_plan(auto)
     with pytest.raises(Eagle3InputError, match="--nodes"):
         plan(PlanSettings(**{**base, "gpus": 15}))

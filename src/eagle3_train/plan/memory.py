@@ -14,6 +14,7 @@ from eagle3_train.model.config import default_ttt_query_block
 from eagle3_train.model.ttt_attention import merged_available
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, chunk_rows
 from eagle3_train.settings.plan import PlanSettings
+from eagle3_train.train.optimizer import muon_step_bytes, optimizer_state_bytes
 from eagle3_train.utils.store_bytes import ELEMENT_BYTES
 
 DEFAULT_DRAFT_VOCAB = 32000  # `eagle3-train vocab`'s default size
@@ -103,9 +104,9 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
                     checkpoint_dtype: str, engine: str = "ddp") -> tuple[dict[str, Any], dict]:
     """Device memory per rank (bytes) at the peak of a training step, and host memory of the rank process, under
     `engine`: ddp (every rank holds the whole training state) or fsdp (train/parallel.py: the fp32 weights,
-    gradients and AdamW states divided over the ranks, offloaded to the host with offload_optimizer; the units in
-    the compute dtype gathered, the layers and the root (with lm_head) for the whole step, fc in turn; a unit's
-    whole gradient and its fp32 reduce-scatter buffer at the end of its backward)."""
+    gradients and optimizer states (train/optimizer.py) divided over the ranks, offloaded to the host with
+    offload_optimizer; the units in the compute dtype gathered, the layers and the root (with lm_head) for the whole
+    step, fc in turn; a unit's whole gradient and its fp32 reduce-scatter buffer at the end of its backward)."""
     g = geometry(s)
     N, L, R = g["tokens"], g["seq_len"], g["supervised_rows"]
     P = params["trainable"]
@@ -118,7 +119,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     m: dict[str, Any] = {
         "weights_fp32_master": int(4 * P * share),  # the trainer keeps fp32 parameters (autocast computes in bf16)
         "grads": int(4 * P * share),
-        "adamw_states": int(8 * P * share),  # exp_avg + exp_avg_sq, fp32
+        "optimizer_states": int(optimizer_state_bytes(s.optimizer, P, params.get("muon", 0)) * share),
         # ddp: bf16 casts of the weights, kept for backward; fsdp: the units gathered in the compute dtype
         "autocast_weight_copies": 2 * P if bf16 and not sharded else 0,
         "gathered_units": pb * (P - units["fc"]) if sharded else 0,
@@ -150,6 +151,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
+    muon_step = muon_step_bytes(params.get("muon_largest", 0), sharded) if s.optimizer == "muon" else 0
     # fsdp: the largest unit's whole gradient in the compute dtype, and its fp32 copy for the reduce-scatter
     unit_grad = (pb + 4) * max(units.values()) if sharded else 0
     candidates = {
@@ -160,6 +162,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
         # all gradients counted (an upper bound: they are allocated as the backward proceeds)
         "backward_start": static + m["batch"] + m["targets"] + saved["total"] + loss_bwd,
         "backward_end": static + unit_grad + (pb * units["fc"] if sharded else 0),
+        "optimizer_step": static + muon_step,
         # ddp reduces in 25 MB buckets that the gradients are views of (gradient_as_bucket_view): no flat copy
         "all_reduce": static + 2 * 25 * 2**20 if s.gpus > 1 and not sharded else 0,
     }

@@ -67,7 +67,7 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {dt:9s} {per_token:>10s}/token  {total:>10s}{mark}")
     lines.append(f"training memory per rank (ttt {s['ttt_steps']}, {s['precision']}, budget {s['token_budget']}, "
                  f"train.parallel {m['engine']}):")
-    for k in ("weights_fp32_master", "grads", "adamw_states", "autocast_weight_copies", "gathered_units",
+    for k in ("weights_fp32_master", "grads", "optimizer_states", "autocast_weight_copies", "gathered_units",
               "frozen_embedding", "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
         lines.append(f"  {k:24s} {fmt_bytes(m[k]):>10s}")
     lines.append(f"  {'peak':24s} {fmt_bytes(m['peak']):>10s}  (at {m['peak_phase']})")

@@ -92,6 +92,9 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
 
 
 def count_parameters(model) -> dict[str, int]:
+    from eagle3_train.train.optimizer import muon_parameter_sizes
+
+    muon, muon_largest = muon_parameter_sizes(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     by_module: dict[str, int] = {}
@@ -99,6 +102,7 @@ def count_parameters(model) -> dict[str, int]:
         key = name.split(".")[0] if not name.startswith("layers.") else ".".join(name.split(".")[:3])
         by_module[key] = by_module.get(key, 0) + p.numel()
     return {"trainable": trainable, "frozen": frozen, "frozen_embedding": model.embed_tokens.weight.numel(),
-            "trainable_bytes_bf16": 2 * trainable, **{f"module:{k}": v for k, v in sorted(by_module.items())}}
+            "trainable_bytes_bf16": 2 * trainable, "muon": muon, "muon_largest": muon_largest,
+            **{f"module:{k}": v for k, v in sorted(by_module.items())}}
 
 

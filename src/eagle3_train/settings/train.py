@@ -94,7 +94,8 @@ class TrainConfig:
     max_steps: int | None = setting(None, "stop after this many optimizer steps (default: from epochs)", valid=">= 1")
     token_budget: int = setting(2048, "padded tokens per micro-batch", valid=">= 1")
     grad_accum: int = setting(1, "micro-batches per optimizer step", valid=">= 1")
-    lr: float = setting(1e-4, "peak learning rate (AdamW, cosine schedule); 0 checks a finetune loads unchanged",
+    lr: float = setting(1e-4, "peak learning rate of both optimizer groups (muon_lr: the Muon group's), cosine "
+                             "schedule; 0 checks a finetune loads unchanged",
                         valid=">= 0")
     warmup_ratio: float = setting(0.015, "share of the steps spent in linear warm-up", valid="[0, 1]")
     min_lr_ratio: float = setting(0.0, "final learning rate as a share of lr", valid="[0, 1]")
@@ -199,9 +200,9 @@ class TrainConfig:
     loss_mix: float = setting(0.5, "weight of the CE (KL) term in kl+tv / kl+nla; 1 = ce, 0 = the LK term alone",
                               valid="[0, 1]", experimental=True)
     optimizer: Literal["adamw", "muon"] = setting(
-        "adamw", "adamw, or muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to "
-                 "AdamW's), AdamW on the lm_head and norms (train/optimizer.py); muon was the best recipe at equal "
-                 "data and equal wall-clock on CPU pools", experimental=True)
+        "muon", "muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to AdamW's, so lr "
+                "carries over), AdamW on the lm_head and norms (train/optimizer.py), as speculators trains by "
+                "default; adamw: AdamW on all. Muon served 1.489 vs 1.425 at equal data here (benchmarks/README.md)")
     muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
                                     valid=">= 0", experimental=True)
     muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)",

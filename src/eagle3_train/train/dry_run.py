@@ -67,7 +67,10 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     """
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    from eagle3_train.train.optimizer import muon_parameter_sizes, optimizer_state_bytes
     from eagle3_train.train.precision import verifier_tensor_dtype
+
+    states = optimizer_state_bytes(cfg.optimizer, trainable, muon_parameter_sizes(model)[0])
 
     head_dtype = verifier_tensor_dtype(precision)
     esize = torch.empty((), dtype=head_dtype).element_size()
@@ -76,13 +79,13 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     parts = {
         "trainable weights (fp32 master)": 4 * trainable,
         "gradients (fp32)": 4 * trainable,
-        "AdamW moments (2 x fp32)": 8 * trainable,
+        f"optimizer state ({cfg.optimizer}, fp32)": states,
         f"frozen embedding [{V}, {H}] ({str(head_dtype)[6:]}, no grad, not in the optimizer)": esize * frozen,
         f"verifier lm_head [{V}, {H}] for the targets ({str(head_dtype)[6:]})": esize * V * H,
         f"target logits, one chunk of {targets_chunk} rows x {V} (fp32)": 4 * targets_chunk * V,
     }
     per_rank = sum(parts.values())
-    ckpt = 4 * trainable + 8 * trainable  # fp32 weights + optimizer state
+    ckpt = 4 * trainable + states  # fp32 weights + optimizer state
     return {
         "trainable_parameters": trainable, "frozen_parameters": frozen, "parts_bytes": parts,
         "per_rank_bytes_without_activations": per_rank,
@@ -109,7 +112,8 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
         intermediate_size=mc.intermediate_size, num_attention_heads=mc.num_attention_heads,
         num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, architecture=mc.architecture,
         mla_dims={k: getattr(mc, k) for k in MLA_DIMS}, dtype=_stored_dtype(inputs),
-        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids)))
+        checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids),
+        optimizer=cfg.optimizer))
     return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
             "ttt_activations_bytes": p.memory["ttt_activations"]}
 

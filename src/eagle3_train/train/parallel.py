@@ -3,7 +3,7 @@
 one micro-batch, `TTTModule`), `sync(last)` around each micro-batch's backward, `clip_grad_norm`, and the state-dict
 calls checkpoints need; nothing else in the trainer knows which engine runs.
 
-- ddp: every rank holds the whole draft, its fp32 master weights, gradients and AdamW moments; gradients are reduced
+- ddp: every rank holds the whole draft, its fp32 master weights, gradients and optimizer states; gradients are reduced
   in buckets overlapped with the backward, once per optimizer step (`no_sync` on the other micro-batches).
 - fsdp: the decoder layer(s), fc and the rest (the draft lm_head, norms, an own embedding) are sharded units
   (`fully_shard`): parameters, gradients and optimizer states are divided over the ranks; each unit is all-gathered
