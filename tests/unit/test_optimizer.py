@@ -67,7 +67,7 @@ def test_a_muon_run_resumes_exactly(tiny_stages, tmp_path):
 def test_the_planned_optimizer_state_is_what_the_optimizer_holds(tiny_stages, tmp_path, optimizer):
     """plan and the dry run count `optimizer_state_bytes`: after a real step, the optimizers' state tensors (steps
     excepted: scalars) take exactly that many bytes, under either optimizer."""
-    from eagle3_train.train.optimizer import muon_parameter_sizes, optimizer_state_bytes
+    from eagle3_train.model.optimizer_groups import muon_parameter_sizes, optimizer_state_bytes
 
     root, _ = tiny_stages
     cfg = train_config(root, tmp_path / "run", max_steps=1, optimizer=optimizer)

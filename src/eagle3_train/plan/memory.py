@@ -11,10 +11,10 @@ import torch
 
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import default_ttt_query_block
+from eagle3_train.model.optimizer_groups import muon_step_bytes, optimizer_state_bytes
 from eagle3_train.model.ttt_attention import merged_available
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS, chunk_rows
 from eagle3_train.settings.plan import PlanSettings
-from eagle3_train.train.optimizer import muon_step_bytes, optimizer_state_bytes
 from eagle3_train.utils.store_bytes import ELEMENT_BYTES
 
 DEFAULT_DRAFT_VOCAB = 32000  # `eagle3-train vocab`'s default size

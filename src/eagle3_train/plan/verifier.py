@@ -92,7 +92,7 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
 
 
 def count_parameters(model) -> dict[str, int]:
-    from eagle3_train.train.optimizer import muon_parameter_sizes
+    from eagle3_train.model.optimizer_groups import muon_parameter_sizes
 
     muon, muon_largest = muon_parameter_sizes(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -67,7 +67,7 @@ def memory_figures(model, inputs, cfg: TrainConfig, precision: str, world_sizes:
     """
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
-    from eagle3_train.train.optimizer import muon_parameter_sizes, optimizer_state_bytes
+    from eagle3_train.model.optimizer_groups import muon_parameter_sizes, optimizer_state_bytes
     from eagle3_train.train.precision import verifier_tensor_dtype
 
     states = optimizer_state_bytes(cfg.optimizer, trainable, muon_parameter_sizes(model)[0])
