@@ -34,7 +34,8 @@ class PlanSettings:
     gpus_per_node: int | None = setting(None, "ranks per node: --gpus = --nodes x this", valid=">= 1")
     parallel: Literal["auto", "ddp", "fsdp"] = setting(
         "auto", "train.parallel: ddp (replicated), fsdp (sharded) or auto (as the trainer decides)")
-    optimizer: Literal["adamw", "muon"] = setting(_TRAIN.optimizer, "train.optimizer: its state per parameter")
+    optimizer: Literal["adamw", "muon"] = setting(
+        _TRAIN.optimizer, "train.optimizer: its fp32 state (adamw 8 bytes per parameter, muon 4 per matrix element)")
     offload_optimizer: bool = setting(False, "train.offload_optimizer: fsdp's sharded states in host memory")
     gpu_memory_gb: float | None = setting(None, "GB per GPU", aliases=("--gpu-memory",), valid="> 0")
     disk_tb: float | None = setting(None, "TB free for hidden states", aliases=("--disk",), valid="> 0")
