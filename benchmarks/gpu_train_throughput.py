@@ -4,11 +4,12 @@ The draft is built by the trainer's own `build_model` for a verifier of the name
 32 heads / 8 kv, intermediate 14336, vocab 128256; Kimi-K2 with the AQ-MedAI draft's layer: hidden 7168, 64 heads /
 64 kv of 128, intermediate 18432, vocab 163840), draft vocab 32000. The verifier embedding and lm_head are random
 tensors made on the device, and the "hidden states" are random batches already on the device, so the timing is the
-optimizer step alone: `Trainer.train_step` (verifier targets, TTT forward, backward, all-reduce no-op, clip, AdamW),
-the code `eagle3-train train` runs, under its precision setting (bf16 autocast, fp32 master weights by default).
+optimizer step alone: `Trainer.train_step` (verifier targets, TTT forward, backward, all-reduce no-op, clip, the
+optimizer: `--optimizer`, the trainer's default Muon since 2026-12-05; figures from before were AdamW's), the code
+`eagle3-train train` runs, under its precision setting (bf16 autocast, fp32 master weights by default).
 
 Tokens/s excludes warm-up steps and is timed between `torch.cuda.synchronize()` calls; peak memory is
-`torch.cuda.max_memory_allocated()` over each setting's steps (model, AdamW state and the step's activations).
+`torch.cuda.max_memory_allocated()` over each setting's steps (model, optimizer state and the step's activations).
 
   python3 benchmarks/gpu_train_throughput.py --shapes llama3.1-8b,kimi-k2 --ttt 7,3 --out bench.json   # on a GPU
   PYTHONPATH=src python benchmarks/gpu_train_throughput.py --device cpu --tiny                           # smoke test
@@ -180,7 +181,8 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device, repor
     samples = SyntheticSamples(random_batches(shape, 3, args.batch, seq_len, device))
     ttts = [int(x) for x in args.ttt.split(",")]
     base = build_settings(TrainConfig, dict(ttt_steps=max(ttts), token_budget=args.batch * seq_len, lr=1e-4,
-                                            precision=args.precision, device=str(device), tensorboard=False),
+                                            precision=args.precision, device=str(device), tensorboard=False,
+                                            optimizer=args.optimizer),
                           "benchmark")
     trainer = SyntheticTrainer(base, inputs, samples, device)
     n_params = sum(p.numel() for p in trainer.engine.parameters())
@@ -217,6 +219,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny shape only (CPU smoke test)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--optimizer", default=TrainConfig.optimizer, choices=["adamw", "muon"])
     p.add_argument("--ttt", default="7,3", help="TTT steps to time, comma-separated")
     p.add_argument("--checkpointing", default="on,off",
                    help="comma-separated of on (checkpoint_loss and _mlp), off (neither), loss, mlp (only that one)")

@@ -6,8 +6,8 @@ masks) and the same verifier states (`HS_FROM_STORE`: converted from the run's s
 trains with its defaults for EAGLE-3: Muon at lr 1e-3, norm_before_fc, norm_output and norm_before_residual, one
 Llama layer, KL loss, bf16 hidden states and autocast (`CPU_AUTOCAST=1`: this host has native bf16). What the CPU
 harness changes is listed in speculators_harness/README.md; here also `--total-seq-len` 2048 (ours: 2048-token steps)
-and `--train-data-ratio 0.99` (its highest: the rows are already our train split, so 1% of them go to its
-validation instead of its default 10%).
+and `--train-data-ratio 0.99` (it takes values below 1: the rows are already our train split, so 1% of them go to
+its validation instead of its default 10%).
 - equal data: as many epochs over the rows as ours (the run's train.epochs);
 - equal wall clock: the optimizer steps that fill our training time at speculators' measured rate (a probe of
   `--probe-steps` steps right before), so its learning-rate schedule decays over them.
@@ -70,6 +70,10 @@ def main() -> None:
     args = p.parse_args()
     args.run, args.work = args.run.resolve(), args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
+    source = args.work / "source.json"  # rows, states and runs under --work belong to one main-job run
+    if source.is_file() and read_json(source)["run"] != str(args.run):
+        sys.exit(f"{args.work} holds speculators data and runs for {read_json(source)['run']}: give another --work")
+    write_json(source, {"run": str(args.run)})
     results = read_json(args.results) if args.results.is_file() else {}
     rows = args.work / "rows.jsonl"
     if not rows.is_file():
@@ -94,8 +98,9 @@ def main() -> None:
     if args.only in (None, "serve"):
         drafts = {"ours": args.run / "export-speculators"}
         for d in sorted((args.work / "runs").glob("*/summary.json")):
-            if not d.parent.name.startswith("probe"):
-                drafts[f"speculators_{d.parent.name}"] = Path(read_json(d)["checkpoint"]["dir"])
+            ckpt = read_json(d).get("checkpoint", {})
+            if not d.parent.name.startswith("probe") and ckpt.get("ok"):
+                drafts[f"speculators_{d.parent.name}"] = Path(ckpt["dir"])
         dtype = cfg.get("serving", {}).get("dtype") or "auto"
         served = results.setdefault("served", {})
         for name, draft in drafts.items():

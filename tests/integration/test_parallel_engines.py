@@ -100,15 +100,17 @@ def test_ddp_and_fsdp_train_what_one_process_trains(stages, tmp_path):
 
 
 def test_a_killed_fsdp_run_resumes_bit_for_bit(stages, tmp_path):
+    """Under the default Muon: its momentum, sharded like the weights, resumes to the bit."""
     straight = tmp_path / "straight"
-    torchrun(stages, straight, "--max-steps", "6", "--set", "train.parallel=fsdp", "--set", "train.noise=0.05")
+    muon = ("--set", "train.optimizer=muon")
+    torchrun(stages, straight, "--max-steps", "6", "--set", "train.parallel=fsdp", "--set", "train.noise=0.05", *muon)
     # kill -9 (both ranks, as a lost node does) as soon as the step-3 checkpoint is in place, then resume
     killed = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                              "--master-port", str(free_port()), *_args(stages, killed, "--max-steps", "6", "--set",
                                                                     "train.parallel=fsdp", "--set", "train.noise=0.05",
-                                                                    "--save-every", "1")],
+                                                                    "--save-every", "1", *muon)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     latest = killed / "checkpoints" / "latest.json"
     deadline = time.monotonic() + 300
@@ -121,7 +123,7 @@ def test_a_killed_fsdp_run_resumes_bit_for_bit(stages, tmp_path):
     proc.wait()
     assert not (killed / "final").exists()
     torchrun(stages, killed, "--max-steps", "6", "--set", "train.parallel=fsdp", "--set", "train.noise=0.05",
-             "--save-every", "1", "--resume")
+             "--save-every", "1", "--resume", *muon)
     a, b = weights(straight), weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
     assert curve(killed) == curve(straight)

@@ -24,6 +24,31 @@ def test_muon_takes_the_matrices_but_not_the_head(tiny_stages):
     assert not any(n.startswith(("lm_head", "embed_tokens")) or "norm" in n for n in names)
 
 
+def test_muon_leaves_an_own_embedding_to_adamw():
+    from eagle3_train.model.config import DraftConfig
+    from eagle3_train.model.draft import Eagle3Draft
+
+    # narrower than its verifier: it trains its own embedding table
+    cfg = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                      vocab_size=256, draft_vocab_size=32, target_hidden_size=96)
+    with torch.device("meta"):
+        draft = Eagle3Draft(cfg)
+    names = muon_parameter_names(draft)
+    assert draft.embed_tokens.weight.requires_grad and "fc.weight" in names
+    assert not any(n.startswith(("embed_tokens", "lm_head")) for n in names)
+
+
+@pytest.mark.parametrize(("lr", "muon_lr", "expected"), [(0.002, None, 0.002), (0.002, 0.005, 0.005),
+                                                          (0.002, 0.0, 0.0), (0.0, 0.005, 0.0)])
+def test_the_muon_rate_is_muon_lr_else_lr_and_zero_with_lr_zero(lr, muon_lr, expected):
+    """lr 0 checks that a finetune loads unchanged: no group moves, whatever muon_lr says; muon_lr 0 is 0."""
+    from types import SimpleNamespace
+
+    from eagle3_train.train.optimizer import muon_lr as rate
+
+    assert rate(SimpleNamespace(lr=lr, muon_lr=muon_lr)) == expected
+
+
 def test_one_step_is_muon_on_the_matrices_and_adamw_on_the_head(tiny_stages, tmp_path):
     """One training step: each matrix moves exactly as a bare torch.optim.Muon step on its gradient, and the lm_head
     exactly as a bare AdamW step."""

@@ -393,6 +393,12 @@ def test_a_405b_class_draft_fits_16_gpus_of_80_gb_only_sharded(tmp_path):
     assert "train.parallel fsdp" in format_plan(auto) and "across nodes" in format_plan(auto)
     with pytest.raises(Eagle3InputError, match="--nodes"):
         plan(PlanSettings(**{**base, "gpus": 15}))
+    # offloaded: the fp32 weights, gradients and optimizer states of each rank's shard in host memory; the trainer
+    # refuses Muon there (its step gathers whole matrices on the GPUs), and so does the plan, by the same words
+    off = plan(PlanSettings(**base, optimizer="adamw", parallel="fsdp", offload_optimizer=True))
+    assert off.host_memory["offloaded_training_state"] == 16 * P // 16
+    with pytest.raises(Eagle3InputError, match="set train.optimizer adamw with offload_optimizer"):
+        plan(PlanSettings(**base, parallel="fsdp", offload_optimizer=True))
 
 
 def test_a_sample_too_long_for_one_gpu_is_said_with_the_longest_that_fits(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-ADAMW_ONLY = ("lm_head.",)  # 2-D, but a classifier: AdamW, as Muon's authors and speculators do
+# 2-D, but a classifier and a lookup table: AdamW, as Muon's authors and speculators do
+ADAMW_ONLY = ("lm_head.", "embed_tokens.")
 
 
 def muon_parameter_names(model: torch.nn.Module) -> list[str]:
@@ -27,8 +28,8 @@ def optimizer_state_bytes(optimizer: str, trainable: int, muon: int) -> int:
     return 8 * trainable - (4 * muon if optimizer == "muon" else 0)
 
 
-def muon_step_bytes(largest: int, sharded: bool) -> int:
-    """Muon's transient at the optimizer step, one matrix at a time: Newton-Schulz's bf16 iterate and its two
-    products (at most the matrix's size each, as it transposes a tall matrix), plus under FSDP the fp32 update
-    gathered whole."""
-    return 3 * 2 * largest + (4 * largest if sharded else 0)
+def muon_step_bytes(largest: int) -> int:
+    """Muon's transient at the optimizer step, one matrix at a time (torch.optim._muon): the fp32 Nesterov update
+    (under FSDP gathered whole), Newton-Schulz's bf16 iterate, its two Gram products (at most the matrix's size each,
+    as a tall matrix is transposed) and the next iterate: 12 bytes per element of the largest matrix."""
+    return (4 + 4 * 2) * largest

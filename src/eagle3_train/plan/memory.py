@@ -151,7 +151,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     w = architecture_of(d).attention_widths(d)
     kv_caches = sum(N * (w["k"] + w["v"]) * (2 if bf16 else 4) for j in range(1, s.ttt_steps)) * d.num_layers
     static = sum(m.values()) - m["ttt_activations"] - m["targets"] - m["batch"]
-    muon_step = muon_step_bytes(params.get("muon_largest", 0), sharded) if s.optimizer == "muon" else 0
+    muon_step = muon_step_bytes(params.get("muon_largest", 0)) if s.optimizer == "muon" else 0
     # fsdp: the largest unit's whole gradient in the compute dtype, and its fp32 copy for the reduce-scatter
     unit_grad = (pb + 4) * max(units.values()) if sharded else 0
     candidates = {
@@ -175,7 +175,8 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     n_verifier = V * H + (0 if tied else V * Ht)  # tied: the embedding tensor serves as lm_head
     ckpt_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(checkpoint_dtype, 2)
     host = {"verifier_tensors_fp32_copy": 0 if checkpoint_dtype == "float32" else 4 * n_verifier,
-            "offloaded_training_state": 16 * P // s.gpus if sharded and s.offload_optimizer else 0,
+            "offloaded_training_state": (8 * P + optimizer_state_bytes(s.optimizer, P, params.get("muon", 0)))
+            // s.gpus if sharded and s.offload_optimizer else 0,
             # train_step loads all of this rank's micro-batches of the step, in the storage dtype
             "batches_in_storage_dtype": s.grad_accum * N * 4 * Ht * ELEMENT_BYTES.get(s.dtype, 2)}
     page_cache = n_verifier * ckpt_bytes

@@ -66,7 +66,7 @@ def format_plan(p: Plan) -> str:
         per_token, total = fmt_bytes(x["bytes_per_token"]), fmt_bytes(x["total_bytes"])
         lines.append(f"  {dt:9s} {per_token:>10s}/token  {total:>10s}{mark}")
     lines.append(f"training memory per rank (ttt {s['ttt_steps']}, {s['precision']}, budget {s['token_budget']}, "
-                 f"train.parallel {m['engine']}):")
+                 f"train.parallel {m['engine']}, train.optimizer {s['optimizer']}):")
     for k in ("weights_fp32_master", "grads", "optimizer_states", "autocast_weight_copies", "gathered_units",
               "frozen_embedding", "verifier_lm_head", "batch", "targets", "ttt_activations", "transient_at_peak"):
         lines.append(f"  {k:24s} {fmt_bytes(m[k]):>10s}")

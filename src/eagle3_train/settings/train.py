@@ -41,8 +41,18 @@ AUX_CONVENTION_HELP = ("how the finetune source's aux layer ids in eagle_config 
                        "told is refused, naming both readings), sglang (output of layer i) or vllm (input of layer i)")
 
 
-REPLICATED_STATE_BYTES = 16  # per trainable parameter, replicated: fp32 weights, gradients, AdamW exp_avg, exp_avg_sq
+# per trainable parameter, replicated: fp32 weights, gradients and AdamW's two moments (Muon's one momentum on the
+# matrices makes it ~12: the bound is kept, so `auto` shards a little early rather than late)
+REPLICATED_STATE_BYTES = 16
 AUTO_FSDP_SHARE = 0.5  # parallel auto shards once the replicated state would take over this share of a GPU
+
+
+def refuse_muon_offload(optimizer: str, offload_optimizer: bool) -> None:
+    """Muon's step gathers whole matrices over the GPUs' process group; offloaded states live on the CPU."""
+    if offload_optimizer and optimizer == "muon":
+        raise Eagle3InputError("train.offload_optimizer keeps the optimizer states on the CPU, where Muon's gather "
+                               "of whole matrices would not run on the GPUs' process group: set train.optimizer "
+                               "adamw with offload_optimizer")
 
 
 def auto_parallel(world_size: int, trainable: int, device_bytes: float | None) -> str:
@@ -115,13 +125,14 @@ class TrainConfig:
         "CPUs with AVX512-BF16/AMX), else fp32")
     parallel: Literal["auto", "ddp", "fsdp"] = setting(
         "auto", "under torchrun: ddp (torch's DistributedDataParallel: every rank holds the whole draft and its "
-        "optimizer states) or fsdp (FSDP2 fully_shard: weights, gradients and AdamW states divided over the ranks, "
+        "optimizer states) or fsdp (FSDP2 fully_shard: weights, gradients and optimizer states divided over the ranks, "
         "each unit gathered for its compute, bf16 on the wire under bf16); auto = fsdp where the replicated "
         "training state would take over half a GPU, else ddp (`eagle3-train plan` shows both); a run resumes "
         "under either, on any number of processes dividing its micro-batches per step")
     offload_optimizer: bool = setting(False, "parallel fsdp: keep the sharded fp32 weights, gradients and optimizer "
                                              "states in CPU memory (FSDP2's CPUOffloadPolicy; the step runs on CPU; "
-                                             "needs CUDA, not run by the tests)", experimental=True)
+                                             "needs CUDA and train.optimizer adamw, not run by the tests)",
+                                      experimental=True)
     release_host_memory: bool = setting(
         False, "CPU training on glibc: hand freed heap memory back to the OS after every step (malloc_trim), so "
         "batches of varying shape do not grow RSS over a long run")

@@ -70,6 +70,12 @@ def _own_rows(whole: torch.Tensor, like) -> Any:
                               shape=like.shape, stride=like.stride())
 
 
+def muon_lr(cfg) -> float:
+    """The Muon group's peak rate: train.muon_lr (0 included), else train.lr; 0 with lr 0, which checks that a
+    finetune loads unchanged."""
+    return 0.0 if cfg.lr == 0 else (cfg.lr if cfg.muon_lr is None else cfg.muon_lr)
+
+
 class DraftOptimizer:
     """One or two torch optimizers, each with a LambdaLR of the same schedule, stepped together."""
 
@@ -83,7 +89,7 @@ class DraftOptimizer:
             weight_decay=cfg.weight_decay)]
         if muon_names:
             self.optimizers.append(ShardedMuon(
-                [p for n, p in named if n in muon_names], lr=cfg.muon_lr or cfg.lr, momentum=cfg.muon_momentum,
+                [p for n, p in named if n in muon_names], lr=muon_lr(cfg), momentum=cfg.muon_momentum,
                 weight_decay=cfg.muon_weight_decay, adjust_lr_fn="match_rms_adamw"))
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in self.optimizers]
 
