@@ -53,6 +53,7 @@ def served_beside_training(ctx: RunContext, gpu_bytes: int | None = None) -> str
                           tokens_per_sample=int(prep.get("max_length") or PrepareSettings.max_length),
                           token_budget=int(tr.get("token_budget") or TrainConfig.token_budget),
                           ttt_steps=int(tr.get("ttt_steps") or TrainConfig.ttt_steps),
+                          optimizer=tr.get("optimizer") or TrainConfig.optimizer,
                           finetune_from=tr.get("finetune_from"),
                           source_aux_convention=aux_convention(ctx),
                           gpu_memory_gb=None if gpu_bytes is None else gpu_bytes / 1e9))
