@@ -213,7 +213,8 @@ class TrainConfig:
     optimizer: Literal["adamw", "muon"] = setting(
         "muon", "muon: torch.optim.Muon on the fc and decoder-layer matrices (update RMS matched to AdamW's, so lr "
                 "carries over), AdamW on the lm_head and norms (train/optimizer.py), as speculators trains by "
-                "default; adamw: AdamW on all. Muon served 1.489 vs 1.425 at equal data here (benchmarks/README.md)")
+                "default; adamw: AdamW on all. Muon served 1.489 vs 1.425 at equal data over 522 steps here, but "
+                "learned less in a run of 46 steps (benchmarks/LOG.md): for a few dozen steps prefer adamw")
     muon_lr: float | None = setting(None, "optimizer muon: peak learning rate of the Muon group (default: lr)",
                                     valid=">= 0", experimental=True)
     muon_momentum: float = setting(0.95, "optimizer muon: Nesterov momentum of the Muon group", valid="[0, 1)",
