@@ -35,21 +35,21 @@ HERE = Path(__file__).resolve().parent
 ANCHOR = HERE / "speculators_harness"
 
 
-def spec_env(args, run: str, epochs: int, max_steps: int | None) -> dict[str, str]:
-    cfg = read_json(args.run / "pipeline_config.json")["config"]
-    env = {**os.environ, "WORK": str(args.work), "VENV": str(args.venv), "DATA": str(args.work / "data"),
+def spec_env(args, cfg: dict, run: str, epochs: int, max_steps: int | None) -> dict[str, str]:
+    """bench.sh's settings: speculators' EAGLE-3 defaults on the run's rows and states (`cfg`: the run's config)."""
+    return {**os.environ, "WORK": str(args.work), "VENV": str(args.venv), "DATA": str(args.work / "data"),
            "PRETOK": str(args.work / "rows.jsonl"), "SEQ": str(cfg["prepare"]["max_length"]),
            "TTT": str(cfg["train"]["ttt_steps"]), "EPOCHS": str(epochs), "MAX_STEPS": str(max_steps or ""),
            "OPTIMIZER": "muon", "LR": "1e-3", "HS_DTYPE": "bfloat16", "CPU_AUTOCAST": "1",
            "DRAFT_VOCAB": str(cfg["vocab"]["size"]), "HS_FROM_STORE": str(args.run / "hidden_states"),
            "TRAIN_DATA_RATIO": "0.99", "OUR_PY": sys.executable, "RUN": run}
-    return env
 
 
-def train_spec(args, run: str, epochs: int, max_steps: int | None = None) -> dict:
+def train_spec(args, cfg: dict, run: str, epochs: int, max_steps: int | None = None) -> dict:
     summary = args.work / "runs" / run / "summary.json"
     if not summary.is_file() or not read_json(summary)["checkpoint"]["ok"]:
-        subprocess.run(["bash", str(ANCHOR / "bench.sh")], env=spec_env(args, run, epochs, max_steps), check=True)
+        subprocess.run(["bash", str(ANCHOR / "bench.sh")], env=spec_env(args, cfg, run, epochs, max_steps),
+                       check=True)
     return read_json(summary)
 
 
@@ -83,16 +83,16 @@ def main() -> None:
     epochs = math.ceil(float(cfg["train"]["epochs"]))
     runs = {}
     if args.only in (None, "equal_wall_clock"):
-        probe = train_spec(args, f"probe{args.probe_steps}", 1, args.probe_steps)
+        probe = train_spec(args, cfg, f"probe{args.probe_steps}", 1, args.probe_steps)
         rate = probe["train_tokens_per_s_excl_first_step"]
         tokens_per_step = probe["tokens_trained"] / probe["train_steps"]
         seconds = ours_train_seconds(args.run)
         steps = max(1, round(seconds * rate / tokens_per_step))
         results["equal_wall_clock_budget"] = {"ours_train_s": seconds, "speculators_tokens_per_s": rate,
                                               "speculators_tokens_per_step": tokens_per_step, "steps": steps}
-        runs["speculators_equal_wall_clock"] = train_spec(args, f"wall{steps}", epochs, steps)
+        runs["speculators_equal_wall_clock"] = train_spec(args, cfg, f"wall{steps}", epochs, steps)
     if args.only in (None, "equal_data"):
-        runs["speculators_equal_data"] = train_spec(args, f"data_e{epochs}", epochs)
+        runs["speculators_equal_data"] = train_spec(args, cfg, f"data_e{epochs}", epochs)
     results.setdefault("training", {}).update(runs)
     write_json(args.results, results)
     if args.only in (None, "serve"):
@@ -108,7 +108,6 @@ def main() -> None:
             served[name] = {"draft": str(draft), **serve(str(draft), args.num_prompts, args.work / "vllm" / name,
                                                        MEASURES, dtype=dtype)}
             write_json(args.results, results)
-    write_json(args.results, results)
     print(f"results: {args.results}")
 
 

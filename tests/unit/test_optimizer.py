@@ -24,6 +24,15 @@ def test_muon_takes_the_matrices_but_not_the_head(tiny_stages):
     assert not any(n.startswith(("lm_head", "embed_tokens")) or "norm" in n for n in names)
 
 
+def test_muon_with_offloaded_states_is_refused_by_the_settings():
+    """Muon's step gathers whole matrices on the GPUs; offloaded states live on the CPU: refused before any work."""
+    from eagle3_train.settings.train import TrainConfig
+
+    with pytest.raises(Eagle3InputError, match="set train.optimizer adamw with offload_optimizer"):
+        TrainConfig(offload_optimizer=True)
+    assert TrainConfig(offload_optimizer=True, optimizer="adamw").offload_optimizer
+
+
 def test_muon_leaves_an_own_embedding_to_adamw():
     from eagle3_train.model.config import DraftConfig
     from eagle3_train.model.draft import Eagle3Draft

@@ -32,7 +32,7 @@ from eagle3_train.plan.memory import (
 from eagle3_train.plan.report import Plan, fmt_bytes, format_plan
 from eagle3_train.plan.verifier import build_meta_draft, count_parameters, read_verifier_config, verifier_weight_bytes
 from eagle3_train.settings.plan import PlanSettings
-from eagle3_train.settings.train import auto_parallel, refuse_muon_offload
+from eagle3_train.settings.train import auto_parallel
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import add_settings_arguments, choices, flags, settings_from_args
 from eagle3_train.utils.store_bytes import FP8, bytes_per_token
@@ -48,7 +48,6 @@ def _check(s: PlanSettings) -> None:
                                    f"{getattr(s, name)!r}")
     if s.gpus % s.nodes:
         raise Eagle3InputError(f"plan: --gpus {s.gpus} cannot be spread evenly over --nodes {s.nodes}")
-    refuse_muon_offload(s.optimizer, s.offload_optimizer)
 
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from eagle3_train.settings.common import StoreDtype
-from eagle3_train.settings.train import AUX_CONVENTION_HELP, AuxConvention, TrainConfig
+from eagle3_train.settings.train import AUX_CONVENTION_HELP, AuxConvention, TrainConfig, refuse_muon_offload
 from eagle3_train.utils.settings import check_ranges, choices, setting
 
 _TRAIN = TrainConfig()
@@ -81,5 +81,6 @@ class PlanSettings:
 
     def __post_init__(self) -> None:
         check_ranges(self, "plan settings")
+        refuse_muon_offload(self.optimizer, self.offload_optimizer)  # as the trainer refuses it
         if self.gpus_per_node:
             self.gpus = self.nodes * self.gpus_per_node

@@ -225,6 +225,7 @@ class TrainConfig:
     def __post_init__(self) -> None:  # the Python API too: train(TrainConfig(lr=-1)) stops here
         check_ranges(self)
         self.trackers()
+        refuse_muon_offload(self.optimizer, self.offload_optimizer)
 
     def trackers(self) -> list[str]:
         """The trackers this run reports to: report_to (none: no tracker) with the tensorboard shorthand applied."""

@@ -22,6 +22,8 @@ from eagle3_train.model.optimizer_groups import muon_parameter_names
 from eagle3_train.utils.io import Eagle3InputError
 
 STATE_PREFIXES = ("", "muon_")  # training-state keys per optimizer: AdamW's as before Muon existed, then Muon's
+
+
 class ShardedMuon(torch.optim.Muon):
     """torch.optim.Muon whose parameters may be DTensors sharded over ranks (FSDP2): see the module docstring."""
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from eagle3_train.model.draft import Eagle3Draft
-from eagle3_train.settings.train import auto_parallel, refuse_muon_offload
+from eagle3_train.settings.train import auto_parallel
 from eagle3_train.train.objective import Objective
 from eagle3_train.train.ttt import ttt_forward
 from eagle3_train.utils.distributed import DistInfo, broadcast_parameters
@@ -215,9 +215,9 @@ class FSDPEngine(Engine):
 
 
 def make_engine(name: str, module: TTTModule, info: DistInfo, device: torch.device, precision: str,
-                optimizer: str, offload_optimizer: bool = False) -> Engine:
-    """The engine `name` (resolved by `choose_engine`) over `module`; one process needs none."""
-    refuse_muon_offload(optimizer, offload_optimizer)
+                offload_optimizer: bool = False) -> Engine:
+    """The engine `name` (resolved by `choose_engine`) over `module`; one process needs none. (Muon with
+    offload_optimizer is refused by TrainConfig itself: settings/train.py `refuse_muon_offload`.)"""
     if offload_optimizer and name != "fsdp":
         raise Eagle3InputError("train.offload_optimizer needs train.parallel fsdp (FSDP2's CPU offload)")
     if name == "fsdp" and dist.is_initialized():  # under torchrun, a group of one too (a check of the FSDP path)

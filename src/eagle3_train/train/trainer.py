@@ -124,7 +124,7 @@ class Trainer:
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         engine = choose_engine(cfg.parallel, self.info, self.device, trainable)
         self.engine = make_engine(engine, TTTModule(self.model, self.objective), self.info, self.device,
-                                  self.precision, cfg.optimizer, cfg.offload_optimizer)
+                                  self.precision, cfg.offload_optimizer)
 
     def _setup_optimizer(self) -> None:
         """The optimizer (over the engine's parameters: each rank's shards under FSDP) and its schedule."""
