@@ -10,55 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.tiny_ttt import STEPS, VD, H, V, tiny_batch, tiny_draft  # noqa: F401
 
-from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
 from eagle3_train.train.objective import Objective
 from eagle3_train.train.targets import verifier_targets
 from eagle3_train.train.ttt import NUM_SUMS, StepSums, supervised_counts, ttt_forward
-
-V, VD, H, STEPS = 7, 3, 32, 3  # a tiny verifier vocabulary, so that draft and verifier argmaxes often agree
-DRAFT_IDS = (1, 4, 5)
-
-
-def tiny_draft(seed: int = 0) -> Eagle3Draft:
-    torch.manual_seed(seed)
-    cfg = DraftConfig(hidden_size=H, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=48,
-                      vocab_size=V, draft_vocab_size=VD, aux_layer_ids=(1, 2, 3), verifier_num_layers=6)
-    model = Eagle3Draft(cfg)
-    model.reset_parameters(std=0.5)  # large weights: peaked, position-dependent draft predictions
-    ids = torch.tensor(DRAFT_IDS)  # the draft vocabulary of tiny_batch's verifier head, as a run sets it
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    model.set_vocab(ids - torch.arange(VD), t2d)
-    return model
-
-
-def tiny_batch(seed: int = 0, on_policy: tuple[int, ...] = ()) -> tuple[Batch, torch.Tensor, torch.Tensor,
-                                                                        torch.Tensor]:
-    """A right-padded batch of 3 rows with user/assistant spans, and a verifier head (lm_head, draft ids, t2d).
-    Rows in `on_policy` hold the verifier's own greedy tokens (each token its argmax at the position before, as
-    regenerated data does); the others random tokens (original answers the verifier would not have written)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([14, 9, 12])
-    B, L = 3, int(lengths.max())
-    ids = torch.randint(0, V, (B, L), generator=g)
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    mask[0, 3:7] = mask[0, 9:14] = True  # two assistant turns
-    mask[1, 2:9] = True
-    mask[2, 3:12:2] = True  # one-token replies: every supervised token starts a turn
-    for b, n in enumerate(lengths.tolist()):
-        ids[b, n:] = 0
-    batch = Batch(ids, mask, torch.randn(B, L, 3 * H, generator=g), torch.randn(B, L, H, generator=g), lengths)
-    lm_head = torch.randn(V, H, generator=g)
-    for b in on_policy:
-        n = int(lengths[b])
-        ids[b, 1:n] = (batch.final[b, :n - 1] @ lm_head.T).argmax(-1)
-    draft_ids = torch.tensor(DRAFT_IDS)
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[draft_ids] = True
-    return batch, lm_head, draft_ids, t2d
 
 
 def chain_steps(model: Eagle3Draft, aux: torch.Tensor, ids: torch.Tensor, t: int, steps: int) -> list:

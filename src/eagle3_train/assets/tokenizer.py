@@ -9,7 +9,7 @@ token against the original on probe texts and on the caller's texts: a differenc
 
 Python API: `load_tokenizer(path, trust_remote_code, check_texts=()) -> PreTrainedTokenizerFast`,
 `converted_from(tokenizer)`, `check_same_tokens(slow, fast, texts, path)`,
-`tokenizer_digest(path) -> (file name, sha256)`.
+`tokenizer_digest(path) -> (file name, sha256)`, `choose_mask_token(tokenizer, vocab_size)`.
 """
 
 from __future__ import annotations
@@ -137,3 +137,17 @@ def tokenizer_digest(path: str | Path) -> tuple[str, str] | None:
         if f.is_file():
             return name, sha256_file(f)
     return None
+
+
+def choose_mask_token(tokenizer: Any, vocab_size: int) -> int:
+    """The token a parallel-drafting draft writes into its mask slots, as the reference trainers pick it: the
+    tokenizer's mask token, else the first embedding row past the tokenizer's tokens (one no text produces), else its
+    pad token, else eos (its embedding is the verifier's, frozen; a mask slot is told apart by its learned hidden
+    state, not by the token)."""
+    for candidate in (getattr(tokenizer, "mask_token_id", None),
+                      len(tokenizer) if len(tokenizer) < vocab_size else None,
+                      getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(candidate, int) and 0 <= candidate < vocab_size:
+            return candidate
+    raise Eagle3InputError("the verifier's tokenizer has no mask, pad or eos token and no spare embedding row: "
+                           "set train.mask_token_id")

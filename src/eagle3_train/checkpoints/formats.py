@@ -249,6 +249,9 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         notes.append(f"aux layer ids {list(ids)} are not in layer order; read as {sorted(ids)}, the order in which "
                      f"vLLM and SGLang concatenate the taps when serving this config")
         ids = sorted(ids)
+    # a draft with a learned mask_hidden drafts in parallel (P-EAGLE): vLLM reads its mask token from either key
+    parallel = "mask_hidden" in tensors or top.get("speculators_model_type") == "peagle"
+    mask_token = _pick(top, "mask_token_id", "pard_token", default=layer.get("mask_token_id"))
     if "norm_before_residual" not in top:
         notes.append(f"source config has no norm_before_residual; using {default_nbr} as vLLM would for this format")
     return DraftConfig(
@@ -263,6 +266,7 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         norm_before_fc=bool(_pick(top, "norm_before_fc", default=eagle_cfg.get("norm_before_fc", False))),
         fc_norm=bool(top.get("fc_norm", False)), norm_output=bool(top.get("norm_output", False)),
         verifier=_verifier_of(cfg), architecture=architecture_from_config(cfg),
+        method="peagle" if parallel else "eagle3", mask_token_id=mask_token if parallel else None,
         **{k: layer.get(k) for k in MLA_DIMS if layer.get(k) is not None},
     )
 
@@ -294,7 +298,7 @@ def rename_key(key: str) -> str | None:
     if k.startswith("midlayer."):
         k = "layers.0." + k[len("midlayer."):]
     known_prefixes = ("layers.", "fc.", "norm.", "lm_head.", "input_norm.", "fc_norm.")
-    if k in ("d2t", "t2d", "embed_tokens.weight") or k.startswith(known_prefixes):
+    if k in ("d2t", "t2d", "embed_tokens.weight", "mask_hidden") or k.startswith(known_prefixes):
         return k
     return None
 
@@ -333,6 +337,8 @@ def _rename_all(raw: dict[str, torch.Tensor], path: Path):
             raise Eagle3InputError(f"{path}: tensors '{origin_of[new]}' and '{k}' both map to '{new}' - which one "
                                    f"is the draft's?")
         origin_of[new] = k
+        if new == "mask_hidden":  # speculators and SpecForge store [1, 1, 3*Ht], vLLM reads any as [1, 3*Ht]
+            v = v.reshape(1, -1)
         if new != k:
             renamed[k] = new
         (extra if new == "embed_tokens.weight" else tensors)[new] = v
@@ -471,7 +477,7 @@ def source_summary(loaded: LoadedDraft) -> dict[str, Any]:
         "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
         "aux_layer_ids": ids, "aux_ids_origin": loaded.aux_ids_origin, "verifier_num_layers": c.verifier_num_layers,
         "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
-        "norm_output": c.norm_output,
+        "norm_output": c.norm_output, "method": c.method, "mask_token_id": c.mask_token_id,
         "rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling, "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
         "dtypes": dict(Counter(str(t.dtype).replace("torch.", "") for t in float_like)),

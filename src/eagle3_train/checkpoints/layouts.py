@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -58,6 +59,7 @@ def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
     for flag in ("norm_before_fc", "fc_norm", "norm_output"):
         if getattr(cfg, flag):
             c[flag] = True
+    c.update(draft_method(cfg.method).config_fields(cfg))  # P-EAGLE: its mask token
     eagle_cfg: dict[str, Any] = {"use_aux_hidden_state": True}
     ids = _aux_ids(cfg)
     if ids is not None:
@@ -74,12 +76,14 @@ def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: in
                                f"{cfg.architecture!r}: export it with --format eagle (vLLM loads it)")
     layer = _layer_fields(cfg, dtype)
     layer["architectures"] = ["LlamaForCausalLM"]
+    method = draft_method(cfg.method)
     return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": [method.speculators_class],
+        "speculators_model_type": method.speculators_type,
         "speculators_version": SPECULATORS_VERSION,
+        **method.config_fields(cfg),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": method.speculators_type,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name_or_path,
@@ -125,6 +129,7 @@ def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
         shapes["input_norm.weight"] = (3 * Ht,)
     if cfg.fc_norm:
         shapes.update({f"fc_norm.{i}.weight": (Ht,) for i in range(3)})
+    shapes.update(draft_method(cfg.method).shapes(cfg))  # P-EAGLE's mask_hidden
     for n in range(cfg.num_layers):
         width = 2 * H if n == 0 else H
         p = f"layers.{n}."

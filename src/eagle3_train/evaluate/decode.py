@@ -4,7 +4,8 @@ reference it must equal, and the acceptance counters, so offline acceptance is m
 Each round (as vLLM runs EAGLE-3 with a chain of k tokens):
 1. Draft step 0 over every position p whose verifier features are new: fuse(aux_p) with the embedding of token p+1
    at RoPE position p (ids shifted left by one; the last one is the token the verifier just produced). Steps 1..k-1
-   feed the previous draft hidden state and the draft's own token (mapped to verifier ids) at position +1.
+   feed the previous draft hidden state and the draft's own token (mapped to verifier ids) at position +1 (P-EAGLE:
+   k-1 mask slots in the same forward; `model/draft_methods.py`).
 2. The verifier reads [last token, d_1..d_k] in one forward with its KV cache; the longest prefix of drafts equal to
    its argmax is accepted and its next argmax (the bonus token) is emitted too.
 3. Both caches are cropped: the verifier's to the accepted tokens, the draft's to the positions it computed from
@@ -151,17 +152,10 @@ def chain_decode(verifier: TappedVerifier, draft: Eagle3Draft, prompt_ids: list[
         h = draft.fuse(pending[None].to(dtype))
         step_ids = torch.tensor([ids[draft_len + 1:]], device=device)
         pos = torch.arange(draft_len, len(ids) - 1, device=device)[None]
-        d_logits, h_next, kv = draft.forward_cached(h, step_ids, pos, kv)
+        drafted, kv = draft.method.propose(draft, h, step_ids, pos, kv, k, to_target)  # model/draft_methods.py
         draft_len = len(ids) - 1
-        proposal = [int(to_target[d_logits[0, -1].argmax()])]
-        margins = [_margin(d_logits[0, -1])] if record_rounds else []
-        h = h_next[:, -1:]
-        for j in range(1, k):
-            d_logits, h, kv = draft.forward_cached(h, torch.tensor([[proposal[-1]]], device=device),
-                                                   torch.tensor([[draft_len - 1 + j]], device=device), kv)
-            proposal.append(int(to_target[d_logits[0, -1].argmax()]))
-            if record_rounds:
-                margins.append(_margin(d_logits[0, -1]))
+        proposal = [int(to_target[d.argmax()]) for d in drafted]
+        margins = [_margin(d) for d in drafted] if record_rounds else []
         # Verification of [last, d_1..d_k] in one forward.
         v_logits, aux = verifier([ids[-1]] + proposal, cache, len(ids) - 1)
         out.verifier_forwards += 1

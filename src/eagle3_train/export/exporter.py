@@ -26,6 +26,7 @@ from eagle3_train.checkpoints.layouts import (
 )
 from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_metadata, resolve_checkpoint
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.engines import ENGINES, check_target, engine_support
 from eagle3_train.settings import ExportFormat, ExportSettings
 from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, sha256_file, write_json
@@ -97,6 +98,12 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     pos = torch.arange(L)[None]
     a, _, _ = ref.eval().forward_cached(ref.fuse(aux), ids, pos, None)
     b, _, _ = again.eval().forward_cached(again.fuse(aux), ids, pos, None)
+    # and k drafts as the engines draft them (P-EAGLE: its mask slots read mask_hidden and the mask token)
+    k = 3
+    a = torch.cat([a[0], torch.stack(ref.method.propose(ref, ref.fuse(aux), ids, pos, None, k,
+                                                        ref.draft_token_ids())[0])])
+    b = torch.cat([b[0], torch.stack(again.method.propose(again, again.fuse(aux), ids, pos, None, k,
+                                                          again.draft_token_ids())[0])])
     a, b = _token_logits(ref, a), _token_logits(again, b)
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)):
@@ -198,11 +205,15 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         "pipeline parallelism: vLLM gives a draft the verifier's embedding only at --pipeline-parallel-size 1; "
         "to serve this draft beside a verifier split over pipeline stages, export it with --include-embed"]
     sglang = sglang_command(out, fmt, verifier_name, speculative_tokens, remote_code)
+    trained_slots = (metadata.get("settings") or {}).get("ttt_steps", speculative_tokens)
+    if not draft_method(cfg.method).chained and speculative_tokens > trained_slots:
+        notes.append(f"this {cfg.method} draft trained {trained_slots} parallel slots: served "
+                     f"with more than that ({speculative_tokens}), the extra slots draft untrained")
     if sglang and not engines["sglang"]["serves_as_trained"]:
         notes.append("SGLang would serve this draft otherwise than it was trained: "
                      + "; ".join(engines["sglang"]["reasons"]))
     return {"out": str(out), **record,
-            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code),
+            "serve": serve_command(out, fmt, verifier_name, speculative_tokens, remote_code, cfg.method),
             "serve_sglang": sglang, "serve_notes": notes}
 
 
@@ -214,11 +225,15 @@ def is_export_dir(path: Path) -> bool:
         return False
 
 
-def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remote_code: bool = False) -> str:
+def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remote_code: bool = False,
+                  method: str = "eagle3") -> str:
+    """vLLM's launch line; a P-EAGLE draft (`method`) with `parallel_drafting`, which vLLM adds by itself only on the
+    `vllm serve DIR` path of the speculators format."""
     flag = " --trust-remote-code" if trust_remote_code else ""
     if fmt == "speculators":
         return f"vllm serve {out}{flag}"
-    spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k})
+    spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k,
+                       **draft_method(method).vllm_options})
     return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'{flag}"
 
 

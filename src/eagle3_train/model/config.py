@@ -11,6 +11,7 @@ from typing import Any
 
 from eagle3_train.assets.families import text_config
 from eagle3_train.model.aux_layers import check_layer_order, default_layer_ids
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -54,6 +55,10 @@ class DraftConfig:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # How the draft proposes (model/draft_methods.py): eagle3 (sequential) or peagle (parallel drafting from the
+    # verifier-vocabulary token `mask_token_id`).
+    method: str = "eagle3"
+    mask_token_id: int | None = None
 
     @property
     def aux_hidden_size(self) -> int:
@@ -78,6 +83,7 @@ class DraftConfig:
             raise Eagle3InputError(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                                    f"num_key_value_heads {self.num_key_value_heads}")
         layer_kind(self.architecture).check(self)
+        draft_method(self.method).check(self)
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise Eagle3InputError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size}")
 
@@ -194,7 +200,7 @@ def _check_field_types(cfg: DraftConfig) -> None:
     for name in _FLAGS:
         if not isinstance(getattr(cfg, name), bool):
             raise bad(name, "true or false")
-    for name in ("hidden_act", "architecture"):
+    for name in ("hidden_act", "architecture", "method"):
         if not isinstance(getattr(cfg, name), str):
             raise bad(name, "a string")
     if not isinstance(cfg.aux_layer_ids, list | tuple) or not all(_is_int(i) for i in cfg.aux_layer_ids):

@@ -22,6 +22,7 @@ from transformers.models.llama.modeling_llama import (
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.attention import LayerTTTCache, llama_config
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -83,17 +84,21 @@ class Eagle3Draft(nn.Module):
         self.norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
         self.rotary = architecture_of(cfg).rotary(cfg)
+        self.method = draft_method(cfg.method)
+        for name, shape in self.method.shapes(cfg).items():  # its own parameters (P-EAGLE's mask_hidden)
+            self.register_parameter(name, nn.Parameter(torch.zeros(shape)))
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
+        own = {name: init for name, (_, init) in self.method.parameters.items()}
         for name, p in self.named_parameters():
             if name.endswith("norm.weight") or ".fc_norm." in name or name.startswith("norm."):
                 p.fill_(1.0)
             elif p.requires_grad:
-                p.normal_(0.0, std)
+                p.normal_(0.0, own.get(name, std))
 
     # --- the vocabulary mapping ---------------------------------------------------------------------------------
     @torch.no_grad()

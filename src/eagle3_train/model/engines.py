@@ -20,6 +20,7 @@ import sys
 from typing import Any, get_args
 
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import LAYER_KINDS, SGLANG_READ, SGLangLoader, layer_kind
 from eagle3_train.settings import Engine
 
@@ -51,6 +52,9 @@ def engine_support(cfg: DraftConfig, fmt: str, aux_ids_origin: str | None = None
                     f"output-of-layer convention = inputs of layers {list(cfg.aux_layer_ids)}), and vLLM reads them "
                     f"as inputs of layers {[i - 1 for i in cfg.aux_layer_ids]}: one layer too early (finetune and "
                     f"export it, which writes vLLM's top-level key)")
+    method = draft_method(cfg.method)
+    if fmt == "speculators":
+        vllm += [f"{o}=true: {why}" for o, why in method.speculators_drops.items() if getattr(cfg, o)]
     sglang = sglang_reasons(cfg, fmt)
     sglang_needs = [f"{o}: {_SGLANG_NEEDS[o]}" for o in _SGLANG_NEEDS if getattr(cfg, o)]
     if fmt == "speculators":
@@ -72,7 +76,8 @@ def sglang_reasons(cfg: DraftConfig, fmt: str) -> list[str]:
         return ["SGLang does not read the speculators format (export --format eagle)"]
     loader = layer_kind(cfg.architecture).sglang
     where = f"SGLang's {loader.file} ({loader.architecture}, {SGLANG_READ})"
-    reasons = []
+    refusal = draft_method(cfg.method).sglang_refusal
+    reasons = [refusal] if refusal else []
     if loader.max_layers is not None and cfg.num_layers > loader.max_layers:
         reasons.append(f"{cfg.num_layers} layers: {where} builds {loader.max_layers}")
     for option, instead in loader.ignores.items():

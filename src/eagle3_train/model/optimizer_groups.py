@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import torch
 
-# 2-D, but a classifier and a lookup table: AdamW, as Muon's authors and speculators do
+# 2-D, but a classifier and a lookup table: AdamW, as Muon's authors and speculators do (and a one-row vector,
+# P-EAGLE's mask_hidden, like the norms)
 ADAMW_ONLY = ("lm_head.", "embed_tokens.")
 
 
 def muon_parameter_names(model: torch.nn.Module) -> list[str]:
     """Trainable 2-D weights that Muon updates."""
     return [n for n, p in model.named_parameters()
-            if p.requires_grad and p.ndim == 2 and not n.startswith(ADAMW_ONLY)]
+            if p.requires_grad and p.ndim == 2 and min(p.shape) > 1 and not n.startswith(ADAMW_ONLY)]
 
 
 def muon_parameter_sizes(model: torch.nn.Module) -> tuple[int, int]:

@@ -16,18 +16,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3_train.assets.families import family_of
+from eagle3_train.model.draft_methods import method_of_config
 from eagle3_train.settings.common import MAX_MODEL_LEN, NUM_SPECULATIVE_TOKENS
-from eagle3_train.utils.io import Eagle3InputError, check_at_least
+from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
 
 
 def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS,
                        method: str = "eagle3") -> dict[str, Any]:
-    """The `--speculative-config` value for a draft directory (chain of k draft tokens)."""
+    """The `--speculative-config` value for a draft directory (k draft tokens), with what its draft method needs
+    (P-EAGLE: `parallel_drafting`, without which vLLM drafts it sequentially after one warning)."""
     check_at_least("number of speculative tokens", k, 1)
     draft = Path(draft_dir)
     if not (draft / "config.json").is_file():
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
-    return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k)}
+    options = method_of_config(read_json(draft / "config.json", "draft config")).vllm_options
+    return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k), **options}
 
 
 def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",

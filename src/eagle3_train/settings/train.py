@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal, get_args
 
+from eagle3_train.model.draft_methods import NAMES as METHOD_NAMES
 from eagle3_train.model.layer_kinds import NAMES
 from eagle3_train.utils.io import Eagle3InputError
 from eagle3_train.utils.settings import check_ranges, setting
@@ -90,6 +91,16 @@ class TrainConfig:
     vocab: str = setting("", "output directory of `eagle3-train vocab` (or a vocab.safetensors file)", yaml=False)
     out: str = setting("runs/train", "run directory: checkpoints/, final/, metrics.jsonl", yaml=False)
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)
+    # how the draft proposes (model/draft_methods.py)
+    method: str = setting(
+        "eagle3", "draft method: eagle3 (sequential: draft j reads the draft's own step j-1; vLLM and SGLang) or "
+                  "peagle (P-EAGLE, parallel drafting: drafts 2..k read a mask token and a learned mask_hidden, so "
+                  "vLLM drafts all k in one forward, served with \"parallel_drafting\": true; vLLM only). peagle "
+                  "trains its k = ttt_steps slots; serve at most that many", choices=METHOD_NAMES)
+    mask_token_id: int | None = setting(
+        None, "method peagle: the verifier-vocabulary token of the mask slots (default: the tokenizer's mask "
+              "token, else the first embedding row past the tokenizer's tokens, else its pad token, else eos)",
+        valid=">= 0")
     # training-time test
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions", valid=">= 1")

@@ -10,6 +10,7 @@ import torch
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
@@ -24,7 +25,8 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         inputs.verifier.config, draft_vocab_size=d2t.shape[0], aux_layer_ids=inputs.layer_ids,
         intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
         norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
-        norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size)
+        norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size, method=cfg.method,
+        mask_token_id=run_mask_token(cfg, inputs))
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier.name
@@ -40,6 +42,19 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         if cfg.lm_head_init == "verifier" and not draft_cfg.own_embedding:  # the verifier's rows: same width only
             model.lm_head.weight.copy_(inputs.lm_head[model.draft_token_ids()])
     return model
+
+
+def run_mask_token(cfg: TrainConfig, inputs: RunInputs) -> int | None:
+    """The run's mask token: train.mask_token_id, else the verifier tokenizer's choice, for a method that drafts from
+    one (model/draft_methods.py); None otherwise."""
+    if not draft_method(cfg.method).needs_mask_token:
+        return cfg.mask_token_id  # DraftConfig refuses a mask token the method does not read
+    if cfg.mask_token_id is not None:
+        return cfg.mask_token_id
+    from eagle3_train.assets.tokenizer import choose_mask_token, load_tokenizer
+
+    vocab_size = inputs.embed.shape[0]
+    return choose_mask_token(load_tokenizer(inputs.verifier.path, cfg.trust_remote_code), vocab_size)
 
 
 def init_record(cfg: TrainConfig) -> dict[str, Any]:

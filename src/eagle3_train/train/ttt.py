@@ -1,7 +1,8 @@
 """Training-time test: unroll the draft K steps on a batch and return the weighted loss (`train.loss`) and metrics.
 
 Step j at position t reads token x_{t+1+j} and (j=0) the fused verifier features of position t or (j>0) the draft's
-own hidden state from step j-1; its RoPE position is t+j; its target is the verifier distribution at position t+1+j
+own hidden state from step j-1 (P-EAGLE: a mask token and the fused `mask_hidden`, model/draft_methods.py); its RoPE
+position is t+j; its target is the verifier distribution at position t+1+j
 (over x_{t+2+j}), supervised when x_{t+2+j} is an assistant token. Ground-truth tokens are fed to later steps.
 
 Metrics per step j (docs/METRICS.md): full_acc_j (argmax match, chained: temperature 0) and accept_len_kN from it;
@@ -148,6 +149,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
     tokens), else those of the loss mask.
     """
     B, L = batch.input_ids.shape
+    method = model.method  # what steps j >= 1 read (model/draft_methods.py)
     steps, step_weights = objective.steps, objective.step_weights
     checkpoint_mlp = objective.checkpoint_mlp
     h = model.fuse(batch.aux)
@@ -157,11 +159,11 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
     draft_ids = model.draft_token_ids()
     sums = torch.zeros(NUM_SUMS, steps, dtype=torch.float64, device=h.device)
     loss = h.new_zeros((), dtype=torch.float32)
+    ids_j = F.pad(batch.input_ids[:, 1:], (0, 1))
     for j in range(steps):
         # positions t with a target token t+2+j inside the sequence; a step with none still runs (no rows, no loss):
         # under FSDP every rank must call each unit equally often, whatever its batch's length
         n = max(0, L - 2 - j)
-        ids_j = F.pad(batch.input_ids[:, 1 + j:], (0, 1 + j))
         out = model.ttt_step(h, ids_j, positions + j, caches, recompute_mlp=checkpoint_mlp)
         sup = batch.loss_mask[:, 2 + j:2 + j + n]
         b_idx, t_idx = sup.nonzero(as_tuple=True)
@@ -179,13 +181,15 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
             # Served greedily, the chain goes on with the verifier's argmax; the next TTT step reads the data token.
             # Where the two differ (original answers, not the verifier's) the next step is not what serving runs,
             # so the chain metrics stop there instead of following the data.
+            # A method whose steps do not read the drafted token (P-EAGLE) is served what it was trained on.
             follows = targets.in_vocab[rows] & (
-                draft_ids[targets.argmax[rows]] == batch.input_ids[b_idx, t_idx + 2 + j])
+                draft_ids[targets.argmax[rows]] == batch.input_ids[b_idx, t_idx + 2 + j]) if method.chained \
+                else torch.ones_like(correct)
             ok = _advance_chain(chain_ok, b_idx, t_idx, n, correct, follows)
             counted = float(len(rows)) if scored is None else scored.sum().double()
             sums[:, j] = torch.stack([scored_loss.double(), torch.as_tensor(counted, device=h.device,
                                       dtype=torch.float64), valid.sum().double(), correct.sum().double(),
                                       ok.sum().double(), alpha_sum.double(), p_draft_sum.double()])
-        if j + 1 < steps:
-            h = model.next_hidden(out)
+        if j + 1 < steps:  # what step j+1 reads: the data's next tokens and the draft's output, or the method's own
+            h, ids_j = method.later_step(model, out, F.pad(batch.input_ids[:, 2 + j:], (0, 2 + j)))
     return loss, sums
