@@ -82,6 +82,21 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_stages(tmp_path_factory, smollm2_dir) -> Path:
+    """A directory with prepare (150 ShareGPT conversations, 384 tokens), vocab (4096) and extract (bf16) outputs
+    for SmolLM2: what the vLLM tests train their drafts on, built once per test process."""
+    from eagle3_train.data.prepare import prepare
+    from eagle3_train.hidden_states.extract import extract
+    from eagle3_train.vocab.build import build_vocab
+
+    root = tmp_path_factory.mktemp("smollm2-stages")
+    prepare("sharegpt", smollm2_dir, root / "prepared", max_length=384, limit=150, val_count=6, seed=0)
+    build_vocab(root / "prepared", root / "vocab", size=4096)
+    extract(root / "prepared", smollm2_dir, root / "hidden", dtype="bfloat16")
+    return root
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 

@@ -51,10 +51,10 @@ FLIP_SHARE = {"qwen3": 0.0, "qwen3_moe": 0.1, "deepseek_v3": 0.1}
 TIE = 0.05  # a near-tie: the top two logits within 5% of the logits' standard deviation
 
 
-def complete(url: str, model: str, prompt_ids: list[int]) -> tuple[list[int], dict]:
+def complete(url: str, model: str, prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> tuple[list[int], dict]:
     """Greedy completion of token ids by one vLLM server, with the spec-decode counters this request alone moved."""
     before = spec_decode_counters(parse_prometheus(fetch_metrics(url)))
-    body = {"model": model, "prompt": prompt_ids, "max_tokens": MAX_TOKENS, "temperature": 0,
+    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
             "return_token_ids": True}
     req = urllib.request.Request(f"{url}/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=600) as r:

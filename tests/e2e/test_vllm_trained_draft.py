@@ -18,14 +18,11 @@ import pytest
 from safetensors.torch import load_file, save_file
 from support.vllm_helpers import require_vllm
 
-from eagle3_train.data.prepare import prepare
 from eagle3_train.evaluate.pipeline_eval import served_acceptance
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.export.exporter import export
-from eagle3_train.hidden_states.extract import extract
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
-from eagle3_train.vocab.build import build_vocab
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -34,14 +31,11 @@ MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, smollm2_dir):
+def trained(tmp_path_factory, smollm2_dir, smollm2_stages):
     require_vllm()
-    root = tmp_path_factory.mktemp("trained")
-    prepare("sharegpt", smollm2_dir, root / "prepared", max_length=384, limit=150, val_count=6, seed=0)
-    build_vocab(root / "prepared", root / "vocab", size=4096)
-    extract(root / "prepared", smollm2_dir, root / "hidden", dtype="bfloat16")
-    result = train(TrainConfig(prepared=str(root / "prepared"), hidden_states=str(root / "hidden"),
-                               vocab=str(root / "vocab"), out=str(root / "train"), ttt_steps=3, epochs=2,
+    root, stages = tmp_path_factory.mktemp("trained"), smollm2_stages
+    result = train(TrainConfig(prepared=str(stages / "prepared"), hidden_states=str(stages / "hidden"),
+                               vocab=str(stages / "vocab"), out=str(root / "train"), ttt_steps=3, epochs=2,
                                token_budget=2048, lr=5e-4, warmup_ratio=0.05, tensorboard=False,
                                # 46 steps: AdamW learns more than Muon in so few (estimate 1.125 vs 1.072 at this
                                # rate; benchmarks/LOG.md, "Muon on a budget of 46 steps")

@@ -72,3 +72,33 @@ def test_finetune_keeping_the_sources_vocabulary_needs_no_vocab(stages, tmp_path
     with pytest.raises(Eagle3InputError, match="train.vocab is required"):
         train(config(root, tmp_path / "c", max_steps=2, vocab="", finetune_from=str(tmp_path / "a"),
                      finetune_vocab="rebuild"))
+
+
+def test_peagle_finetunes_from_eagle3_and_from_its_own_export(stages, tmp_path):
+    """An EAGLE-3 draft finetunes into P-EAGLE (its weights loaded, mask_hidden fresh, said in the notes); a P-EAGLE
+    export finetunes into P-EAGLE unchanged at lr 0, keeping its mask token and mask_hidden."""
+    root, verifier = stages
+    train(config(root, tmp_path / "eagle3", max_steps=3))
+    peagle = train(config(root, tmp_path / "peagle", max_steps=3, method="peagle",
+                          finetune_from=str(tmp_path / "eagle3")))
+    meta = json.loads((tmp_path / "peagle" / "training_metadata.json").read_text())
+    assert meta["draft_config"]["method"] == "peagle" and meta["init"]["keys"]["missing"] == []
+    assert "fc.weight" in meta["init"]["keys"]["loaded"] and "mask_hidden" not in meta["init"]["keys"]["loaded"]
+    assert any("eagle3 draft, trained here as peagle" in n for n in meta["init"]["notes"])
+    mask = meta["draft_config"]["mask_token_id"]
+    for fmt in ("eagle", "speculators"):
+        export(tmp_path / "peagle", tmp_path / fmt, fmt=fmt, dtype="float32", verifier=str(verifier))
+        config_json = json.loads((tmp_path / fmt / "config.json").read_text())
+        assert config_json["mask_token_id"] == mask
+        width = 3 * meta["draft_config"]["hidden_size"]
+        assert load_file(str(tmp_path / fmt / "model.safetensors"))["mask_hidden"].shape == (1, width)
+        again = train(config(root, tmp_path / f"again-{fmt}", max_steps=1, lr=0.0, method="peagle",
+                             finetune_from=str(tmp_path / fmt)))
+        assert again["validation"] == pytest.approx(peagle["validation"], rel=1e-6, abs=1e-6)
+        a = load_file(str(tmp_path / "peagle" / "final" / "model.safetensors"))
+        b = load_file(str(tmp_path / f"again-{fmt}" / "final" / "model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # and back to EAGLE-3: the mask_hidden is dropped, named
+    back = train(config(root, tmp_path / "back", max_steps=1, finetune_from=str(tmp_path / "eagle")))
+    back_meta = json.loads((tmp_path / "back" / "training_metadata.json").read_text())
+    assert back["step"] == 1 and "mask_hidden" in back_meta["init"]["keys"]["ignored"]

@@ -79,6 +79,26 @@ def test_kimi_finetune_dry_run_at_full_size(kimi, tmp_path, with_embed, policy):
     assert spec_cfg["eagle_aux_hidden_state_layer_ids"] == list(LAYERS)
 
 
+def test_kimi_draft_finetuned_into_peagle_dry_run_at_full_size(kimi, tmp_path):
+    """The AQ-MedAI EAGLE-3 draft finetuned as a P-EAGLE draft: its tensors load, mask_hidden [1, 3H] is new (the
+    one trainable tensor more), and both header-only exports carry it with the mask token vLLM needs."""
+    root, verifier, paths = kimi
+    source = write_aq_medai_draft(tmp_path / "Kimi-K2-Instruct-eagle3")
+    out = tmp_path / "train"
+    report = dry_run(kimi_train_config(paths, out, finetune_from=str(source), method="peagle",
+                                       mask_token_id=V - 1))
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert (meta["draft_config"]["method"], meta["draft_config"]["mask_token_id"]) == ("peagle", V - 1)
+    assert not meta["init"]["keys"]["missing"] and any("trained here as peagle" in n for n in meta["init"]["notes"])
+    trainable = sum(math.prod(s) for k, s in aq_medai_shapes(False).items())
+    assert report["memory"]["trainable_parameters"] == trainable + 3 * H
+    for fmt in ("eagle", "speculators"):
+        d = out / "dry-run-exports" / fmt
+        assert read_safetensors_header(d / "model.safetensors")["mask_hidden"]["shape"] == [1, 3 * H]
+        assert json.loads((d / "config.json").read_text())["mask_token_id"] == V - 1
+    assert meta["dry_run"]["exports"]["eagle"]["engines"]["sglang"]["serves_as_trained"] is False
+
+
 def test_a_run_on_the_default_layers_refuses_the_kimi_draft(kimi, tmp_path):
     root, verifier, _ = kimi
     paths = write_run_inputs(tmp_path / "default-layers", verifier, layer_ids=DEFAULT)

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import layer_kind
 from eagle3_train.plan.memory import GB, TB
 
@@ -53,6 +54,7 @@ def format_plan(p: Plan) -> str:
         f"{v['num_hidden_layers']} layers, vocab {v['vocab_size']}",
         f"draft     {d['num_layers']} layer(s), hidden {d['hidden_size']}, {attention}, intermediate "
         f"{d['intermediate_size']}, draft vocab {d['draft_vocab_size']}, aux layers {d['aux_layer_ids']}",
+        f"method    {d.get('method') or 'eagle3'}: {draft_method(d.get('method') or 'eagle3').describe}",
         f"params    trainable {fmt_count(pr['trainable'])} ({fmt_bytes(pr['trainable_bytes_bf16'])} bf16); frozen "
         f"{fmt_count(pr['frozen'])} (verifier embedding); the verifier lm_head [{v['vocab_size']}, "
         f"{v['hidden_size']}] is also held for the targets",

@@ -48,6 +48,9 @@ class PlanSettings:
     supervised_fraction: float = setting(1.0, "share of tokens with a loss (assistant tokens; 1 = the worst case)",
                                          valid="(0, 1]")
     # the draft: the trainer's settings, and overrides of what from_verifier derives (e.g. a published draft)
+    method: str = setting(_TRAIN.method, "train.method: how the draft proposes (P-EAGLE adds its mask_hidden, one "
+                                         "vector of the aux width; the unrolled slots are --ttt-steps either way)",
+                          choices=choices(TrainConfig, "method"))
     architecture: str = setting(_TRAIN.architecture, "draft decoder layer (train.architecture; the MLA dims: the "
                                                      "verifier's or the finetune source's)",
                                 choices=choices(TrainConfig, "architecture"))

@@ -100,7 +100,7 @@ class TrainConfig:
     mask_token_id: int | None = setting(
         None, "method peagle: the verifier-vocabulary token of the mask slots (default: the tokenizer's mask "
               "token, else the first embedding row past the tokenizer's tokens, else its pad token, else eos)",
-        valid=">= 0")
+        valid=">= 0", experimental=True)
     # training-time test
     ttt_steps: int = setting(7, "training-time-test steps: the draft is unrolled this many times on its own "
                                 "predictions", valid=">= 1")

@@ -113,7 +113,7 @@ def _planned_peak(mc, inputs, cfg: TrainConfig, train_data: dict[str, Any], prec
         num_key_value_heads=mc.num_key_value_heads, head_dim=mc.head_dim, architecture=mc.architecture,
         mla_dims={k: getattr(mc, k) for k in MLA_DIMS}, dtype=_stored_dtype(inputs),
         checkpoint_mlp=cfg.checkpoint_mlp, checkpoint_loss=cfg.checkpoint_loss, layer_ids=tuple(mc.aux_layer_ids),
-        optimizer=cfg.optimizer))
+        optimizer=cfg.optimizer, method=mc.method))
     return {"peak_bytes": p.memory["peak"], "peak_phase": p.memory["peak_phase"],
             "ttt_activations_bytes": p.memory["ttt_activations"]}
 
@@ -228,7 +228,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
         raise Eagle3InputError(f"{where}: our reader does not know tensors {loaded.unknown}")
     for f in ("architecture", *MLA_DIMS, "hidden_size", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "head_dim", "draft_vocab_size", "vocab_size", "rope_theta",
-              "norm_before_residual", "norm_before_fc"):
+              "norm_before_residual", "norm_before_fc", "method", "mask_token_id"):
         if f == "head_dim" and f not in layer_kind(cfg.architecture).summary_fields:
             continue  # no dimension of an MLA layer: exported as the rotary width HF readers build (architectures)
         if getattr(loaded.config, f) != getattr(cfg, f):

@@ -44,6 +44,7 @@ from eagle3_train.checkpoints.formats import (
     load_tensor_data,
     source_summary,
 )
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import MLA_DIMS
 from eagle3_train.utils.finite import check_finite
 from eagle3_train.utils.io import Eagle3InputError
@@ -214,8 +215,31 @@ def load_finetune_source(cfg, inputs, read_data: bool = True) -> FinetuneSource:
             continue  # the verifier's width, named
         if mine != overrides[f]:
             _warn(notes, f"train.{f}={mine} replaced by the source's {overrides[f]}")
+    _method_overrides(cfg, loaded, overrides, notes)
     vocab = (d2t, t2d) if cfg.finetune_vocab == "keep" else None
     return FinetuneSource(loaded, overrides, vocab, d2t, t2d, summary, notes, aux)
+
+
+def _method_overrides(cfg, loaded: LoadedDraft, overrides: dict[str, Any], notes: list[str]) -> None:
+    """The draft method is the run's (train.method: an EAGLE-3 draft finetunes into P-EAGLE and back). A source of
+    the same mask-token method keeps its mask token, with which its mask_hidden was learned."""
+    source = loaded.config
+    if source.method != cfg.method:
+        notes.append(f"the source is a {source.method} draft, trained here as {cfg.method}: what only one of the two "
+                     f"methods has ({', '.join(_method_only(source.method, cfg.method)) or 'nothing'}) is dropped "
+                     f"or starts from a fresh initialisation")
+    elif source.mask_token_id is not None:
+        if cfg.mask_token_id is not None and cfg.mask_token_id != source.mask_token_id:
+            _warn(notes, f"train.mask_token_id={cfg.mask_token_id} replaces the source's {source.mask_token_id}, with "
+                         f"which its mask_hidden was learned")
+        else:
+            overrides["mask_token_id"] = source.mask_token_id
+
+
+def _method_only(a: str, b: str) -> list[str]:
+    """Tensors one of the two methods has and the other lacks."""
+    mine, theirs = set(draft_method(a).parameters), set(draft_method(b).parameters)
+    return sorted(mine ^ theirs)
 
 
 def _check_built_for(model, source: FinetuneSource, policy: str, inputs) -> None:
@@ -286,6 +310,11 @@ def apply_finetune_source(model, cfg, inputs, source: FinetuneSource | None = No
     if policy == "rebuild":
         wanted["lm_head.weight"] = (source.d2t.shape[0], H)  # the source's rows, remapped below
     to_copy, ignored, unknown = _match_tensors(loaded, wanted, notes)
+    # a method's own tensors (P-EAGLE's mask_hidden) across methods: dropped, or fresh (noted in the source notes)
+    method_only = set(_method_only(loaded.config.method, model.config.method))
+    ignored += sorted(k for k in unknown if k in method_only)
+    unknown = [k for k in unknown if k not in method_only]
+    wanted = {k: v for k, v in wanted.items() if k in to_copy or k not in method_only}
     embed = loaded.extra.get("embed_tokens.weight")
     if model.config.own_embedding:  # a draft of another width: its embedding is its own, loaded with its weights
         if embed is None:
