@@ -94,7 +94,7 @@ def test_kimi_draft_finetuned_into_peagle_dry_run_at_full_size(kimi, tmp_path):
     assert report["memory"]["trainable_parameters"] == trainable + 3 * H
     for fmt in ("eagle", "speculators"):
         d = out / "dry-run-exports" / fmt
-        assert read_safetensors_header(d / "model.safetensors")["mask_hidden"]["shape"] == [1, 3 * H]
+        assert read_safetensors_header(d / "model.safetensors")["mask_hidden"]["shape"] == (1, 3 * H)
         assert json.loads((d / "config.json").read_text())["mask_token_id"] == V - 1
     assert meta["dry_run"]["exports"]["eagle"]["engines"]["sglang"]["serves_as_trained"] is False
 
