@@ -10,6 +10,7 @@ reading the mask token and fuse(mask_hidden), all in one causal forward with a K
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -118,3 +119,36 @@ def test_the_mask_token_belongs_to_the_method():
         dataclasses.replace(cfg, mask_token_id=MASK)
     with pytest.raises(Eagle3InputError, match="draft method must be one of eagle3, peagle"):
         dataclasses.replace(cfg, method="medusa")
+
+
+def test_every_vllm_command_we_write_drafts_in_parallel(tmp_path):
+    """A P-EAGLE export's speculative config and printed serve line carry parallel_drafting (vLLM's silent
+    sequential fallback otherwise); an EAGLE-3 export's do not. Either format is recognised from its config.json."""
+    from eagle3_train.export.exporter import serve_command
+    from eagle3_train.model.draft_methods import method_of_config
+    from eagle3_train.serving.vllm_options import speculative_config
+
+    configs = {"eagle3": {"architectures": ["LlamaForCausalLMEagle3"]},
+               "peagle-eagle": {"architectures": ["LlamaForCausalLMEagle3"], "mask_token_id": MASK},
+               "peagle-speculators": {"speculators_model_type": "peagle", "mask_token_id": MASK}}
+    for name, config in configs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        parallel = name != "eagle3"
+        assert (method_of_config(config).name == "peagle") is parallel
+        assert speculative_config(tmp_path / name, 3).get("parallel_drafting") is (True if parallel else None)
+    line = serve_command(tmp_path / "peagle-eagle", "eagle", "VERIFIER", 3, method="peagle")
+    assert '"parallel_drafting": true' in line and '"method": "eagle3"' in line
+    assert "parallel_drafting" not in serve_command(tmp_path / "eagle3", "eagle", "VERIFIER", 3)
+
+
+def test_engine_verdicts():
+    from eagle3_train.model.engines import engine_support
+
+    cfg = tiny_peagle().config
+    eagle = engine_support(cfg, "eagle")
+    assert eagle["vllm"]["serves_as_trained"] and not eagle["sglang"]["serves_as_trained"]
+    assert "no parallel drafting" in eagle["sglang"]["reasons"][0]
+    with_fc_norm = engine_support(dataclasses.replace(cfg, fc_norm=True), "speculators")
+    assert not with_fc_norm["vllm"]["serves_as_trained"] and "fc_norm" in with_fc_norm["vllm"]["reasons"][0]
+    assert engine_support(dataclasses.replace(cfg, fc_norm=True), "eagle")["vllm"]["serves_as_trained"]

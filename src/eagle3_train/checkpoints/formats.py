@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from eagle3_train.checkpoints.native import is_run_dir, read_metadata, resolve_checkpoint
 from eagle3_train.model.config import DraftConfig, default_aux_layer_ids
+from eagle3_train.model.draft_methods import method_of_config
 from eagle3_train.model.layer_kinds import MLA_DIMS, architecture_from_config, layer_kind
 from eagle3_train.utils.io import Eagle3InputError, read_json, read_weight_map, sha256_file
 
@@ -33,6 +34,7 @@ OURS, EAGLE, SPECULATORS = "eagle3-train", "eagle", "speculators"
 # Where the aux-layer ids came from: our draft_config.json, the top-level key (vLLM, "input of layer i"), only the
 # nested eagle_config key (SGLang, "output of layer i", shifted +1), or nowhere (the engines' default for the verifier).
 AUX_OURS, AUX_TOP, AUX_NESTED, AUX_DEFAULT = "ours", "top-level", "nested", "default"
+AUX_DFLASH = "dflash_config (output of layer i)"  # a DFlash draft's target_layer_ids, read as inputs of layer i+1
 # nested ids that a producer already wrote in vLLM's convention: TorchSpec's exporter, exporting a kimi_k2 draft for
 # vLLM (keys `layers.0.*`), adds 1 to every id, the nested ones too (tools/convert_to_hf.py, _fixup_export_config)
 AUX_NESTED_VLLM = "nested (vLLM convention: TorchSpec's vLLM export)"
@@ -187,6 +189,10 @@ def read_aux_ids(cfg: dict[str, Any], fmt: str, where: str = "draft config",
     """
     if fmt == OURS:
         return list(cfg.get("aux_layer_ids") or []) or None, AUX_OURS
+    dflash = (cfg.get("dflash_config") or {}).get("target_layer_ids")
+    if dflash is not None and not cfg.get("eagle_aux_hidden_state_layer_ids"):
+        ids = _aux_list(dflash, "dflash_config.target_layer_ids", where)
+        return [i + 1 for i in ids], AUX_DFLASH
     top = _aux_list(cfg.get("eagle_aux_hidden_state_layer_ids") or None, "eagle_aux_hidden_state_layer_ids", where)
     nested_ids = _aux_list((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None,
                            "eagle_config.eagle_aux_hidden_state_layer_ids", where)
@@ -249,10 +255,14 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         notes.append(f"aux layer ids {list(ids)} are not in layer order; read as {sorted(ids)}, the order in which "
                      f"vLLM and SGLang concatenate the taps when serving this config")
         ids = sorted(ids)
-    # a draft with a learned mask_hidden drafts in parallel (P-EAGLE): vLLM reads its mask token from either key
+    # a draft with a learned mask_hidden drafts in parallel (P-EAGLE): vLLM reads its mask token from either key;
+    # a DFlash draft keeps its own in dflash_config
+    dflash = method_of_config(top).name == "dflash"
     parallel = "mask_hidden" in tensors or top.get("speculators_model_type") == "peagle"
     mask_token = _pick(top, "mask_token_id", "pard_token", default=layer.get("mask_token_id"))
-    if "norm_before_residual" not in top:
+    if dflash:
+        mask_token = (top.get("dflash_config") or {}).get("mask_token_id")
+    if "norm_before_residual" not in top and not dflash:
         notes.append(f"source config has no norm_before_residual; using {default_nbr} as vLLM would for this format")
     return DraftConfig(
         hidden_size=H, num_attention_heads=heads, num_key_value_heads=layer.get("num_key_value_heads", heads),
@@ -265,8 +275,11 @@ def config_from_external(cfg: dict[str, Any], fmt: str, tensors: dict[str, torch
         norm_before_residual=bool(top.get("norm_before_residual", default_nbr)),
         norm_before_fc=bool(_pick(top, "norm_before_fc", default=eagle_cfg.get("norm_before_fc", False))),
         fc_norm=bool(top.get("fc_norm", False)), norm_output=bool(top.get("norm_output", False)),
-        verifier=_verifier_of(cfg), architecture=architecture_from_config(cfg),
-        method="peagle" if parallel else "eagle3", mask_token_id=mask_token if parallel else None,
+        verifier=_verifier_of(cfg), architecture="llama" if dflash else architecture_from_config(cfg),
+        method="dflash" if dflash else "peagle" if parallel else "eagle3",
+        mask_token_id=mask_token if parallel or dflash else None,
+        block_size=top.get("block_size") if dflash else None,
+        verifier_num_layers=top.get("num_target_layers") if dflash else None,
         **{k: layer.get(k) for k in MLA_DIMS if layer.get(k) is not None},
     )
 
@@ -297,7 +310,7 @@ def rename_key(key: str) -> str | None:
     k = key[len("model."):] if key.startswith("model.") else key
     if k.startswith("midlayer."):
         k = "layers.0." + k[len("midlayer."):]
-    known_prefixes = ("layers.", "fc.", "norm.", "lm_head.", "input_norm.", "fc_norm.")
+    known_prefixes = ("layers.", "fc.", "norm.", "lm_head.", "input_norm.", "fc_norm.", "hidden_norm.")
     if k in ("d2t", "t2d", "embed_tokens.weight", "mask_hidden") or k.startswith(known_prefixes):
         return k
     return None

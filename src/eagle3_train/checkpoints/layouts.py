@@ -50,7 +50,23 @@ def _aux_ids(cfg: DraftConfig) -> list[int] | None:
     return None if cfg.uses_default_aux_layers() else list(cfg.aux_layer_ids)
 
 
+def dflash_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    """z-lab's DFlash layout, as vLLM 0.32 loads it (`DFlashDraftModel`, a Qwen3 layer config): dflash_config's
+    target_layer_ids are outputs of layer i (vLLM adds 1), so ours (inputs of layer i) less one; no eagle_config and no
+    top-level aux ids, which vLLM would prefer over them."""
+    c: dict[str, Any] = {"architectures": ["DFlashDraftModel"], **_layer_fields(cfg, dtype), "model_type": "qwen3"}
+    c.update({"layer_types": ["full_attention"] * cfg.num_layers, "block_size": cfg.block_size,
+              "dflash_config": {"mask_token_id": cfg.mask_token_id,
+                                "target_layer_ids": [i - 1 for i in cfg.aux_layer_ids], "causal": False},
+              "num_target_layers": cfg.verifier_num_layers, "draft_vocab_size": cfg.draft_vocab_size})
+    c.pop("mlp_bias", None)
+    return c
+
+
 def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
+    """The `--format eagle` config.json: the EAGLE-3 layout, or a method's own (DFlash's)."""
+    if draft_method(cfg.method).layout == "dflash":
+        return dflash_config_json(cfg, dtype)
     c: dict[str, Any] = {"architectures": [layer_kind(cfg.architecture).eagle_class], **_layer_fields(cfg, dtype)}
     c["draft_vocab_size"] = cfg.draft_vocab_size
     if cfg.target_hidden_size and cfg.target_hidden_size != cfg.hidden_size:
@@ -71,6 +87,9 @@ def eagle_config_json(cfg: DraftConfig, dtype: str) -> dict[str, Any]:
 
 def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: int,
                             verifier_name_or_path: str) -> dict[str, Any]:
+    refusal = draft_method(cfg.method).speculators_refusal
+    if refusal:
+        raise Eagle3InputError(f"a {cfg.method} draft is not exported in the speculators format: {refusal}")
     if not layer_kind(cfg.architecture).speculators_format:
         raise Eagle3InputError(f"the speculators format describes Llama-layer drafts only; this draft's layer is "
                                f"{cfg.architecture!r}: export it with --format eagle (vLLM loads it)")
@@ -101,8 +120,10 @@ def speculators_config_json(cfg: DraftConfig, dtype: str, speculative_tokens: in
     }
 
 
-def export_key(our_key: str, fmt: str) -> str:
-    if fmt == "eagle" and our_key.startswith("layers.0."):
+def export_key(our_key: str, fmt: str, layout: str = "eagle3") -> str:
+    """A tensor's name in an export: the EAGLE format's first layer is `midlayer.` (a method's own layout, DFlash's,
+    keeps `layers.N.`)."""
+    if fmt == "eagle" and layout == "eagle3" and our_key.startswith("layers.0."):
         return "midlayer." + our_key[len("layers.0."):]
     return our_key
 
@@ -116,8 +137,28 @@ def stored_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def dflash_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
+    """A DFlash draft's tensors (`model/dflash.py`; the names vLLM loads)."""
+    H, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, 3 * cfg.aux_hidden_size), "hidden_norm.weight": (H,),
+                                          "norm.weight": (H,), "lm_head.weight": (cfg.draft_vocab_size, H),
+                                          "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    for n in range(cfg.num_layers):
+        p = f"layers.{n}."
+        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
+                       p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
+                       p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                       p + "mlp.gate_proj.weight": (inter, H), p + "mlp.up_proj.weight": (inter, H),
+                       p + "mlp.down_proj.weight": (H, inter)})
+    return shapes
+
+
 def expected_shapes(cfg: DraftConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor (our names) an exported draft must carry, with its shape."""
+    if draft_method(cfg.method).layout == "dflash":
+        return dflash_shapes(cfg)
     H, Ht, inter = cfg.hidden_size, cfg.aux_hidden_size, cfg.intermediate_size
     attention = architecture_of(cfg).attention_shapes
     shapes: dict[str, tuple[int, ...]] = {"fc.weight": (H, 3 * Ht), "norm.weight": (H,),

@@ -27,6 +27,7 @@ import torch
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.networks import build_draft
 from eagle3_train.utils.finite import check_finite
 from eagle3_train.utils.io import Eagle3InputError, load_safetensors, read_json, save_safetensors, write_json
 from eagle3_train.utils.outputs import atomic_dir, marked_by, remove_owned
@@ -111,7 +112,7 @@ def load_draft(directory: str | Path, embed: torch.Tensor | None = None) -> Eagl
     directory = Path(directory)
     if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
         raise Eagle3InputError(f"{directory} is not an eagle3-train checkpoint (needs {CONFIG} and {WEIGHTS})")
-    model = Eagle3Draft(DraftConfig.load(directory / CONFIG))
+    model = build_draft(DraftConfig.load(directory / CONFIG))
     state = load_safetensors(directory / WEIGHTS)
     check_finite(state.items(), f"checkpoint {directory}", "a draft of NaN proposes nothing a verifier accepts: "
                  "use an earlier checkpoint of the run, or retrain (a lower lr, grad_clip > 0)")

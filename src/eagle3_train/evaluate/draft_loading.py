@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_train.model.draft import Eagle3Draft
+from eagle3_train.model.networks import build_draft
 from eagle3_train.utils.io import Eagle3InputError
 
 
@@ -35,7 +36,7 @@ def load_draft_for_eval(path: str | Path, verifier_model, verifier_dir: Path | N
     else:
         loaded = load_draft_source(path)
         config = fill_default_aux_ids(loaded.config, n_layers)
-        draft = Eagle3Draft(config)
+        draft = build_draft(config)
         missing, unexpected = draft.load_state_dict(loaded.tensors, strict=False)
         missing = [k for k in missing if not k.startswith("embed_tokens.")]
         if missing or unexpected:

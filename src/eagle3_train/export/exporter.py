@@ -28,6 +28,7 @@ from eagle3_train.checkpoints.native import METADATA, WEIGHTS, load_draft, read_
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.engines import ENGINES, check_target, engine_support
+from eagle3_train.model.networks import build_draft
 from eagle3_train.settings import ExportFormat, ExportSettings
 from eagle3_train.utils.io import Eagle3InputError, read_json, save_safetensors, sha256_file, write_json
 from eagle3_train.utils.outputs import atomic_dir, claim_output_dir, holds_files
@@ -82,10 +83,10 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     loaded = load_draft_source(out_dir)
     if loaded.unknown:
         raise Eagle3InputError(f"export {out_dir} holds tensors the reader does not know: {loaded.unknown}")
-    ref = Eagle3Draft(model.config)
+    ref = build_draft(model.config)
     ref.load_state_dict({k: v.to(dtype).float() if v.is_floating_point() else v
                          for k, v in model.state_dict().items()})
-    again = Eagle3Draft(loaded.config)
+    again = build_draft(loaded.config)
     embed = loaded.extra.get("embed_tokens.weight") if model.config.own_embedding else ref.embed_tokens.weight
     missing, unexpected = again.load_state_dict({**loaded.tensors, "embed_tokens.weight": embed}, strict=False)
     if missing or unexpected:
@@ -95,16 +96,17 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     L = 16
     aux = torch.randn(1, L, 3 * model.config.aux_hidden_size, generator=g)
     ids = torch.randint(0, model.config.vocab_size, (1, L), generator=g)
-    pos = torch.arange(L)[None]
-    a, _, _ = ref.eval().forward_cached(ref.fuse(aux), ids, pos, None)
-    b, _, _ = again.eval().forward_cached(again.fuse(aux), ids, pos, None)
-    # and k drafts as the engines draft them (P-EAGLE: its mask slots read mask_hidden and the mask token)
-    k = 3
-    a = torch.cat([a[0], torch.stack(ref.method.propose(ref, ref.fuse(aux), ids, pos, None, k,
-                                                        ref.draft_token_ids())[0])])
-    b = torch.cat([b[0], torch.stack(again.method.propose(again, again.fuse(aux), ids, pos, None, k,
-                                                          again.draft_token_ids())[0])])
-    a, b = _token_logits(ref, a), _token_logits(again, b)
+    k = model.config.block_size - 1 if model.config.block_size else 3
+
+    def drafts(draft: Eagle3Draft) -> torch.Tensor:
+        """k drafts' logits from three context lengths, as the engines draft them (the method's own proposal)."""
+        draft.eval()
+        return torch.cat([torch.stack(draft.method.propose(draft, draft.fuse(aux[:, :n]), ids[:, 1:n + 1],
+                                                           torch.arange(n)[None], None, k,
+                                                           draft.draft_token_ids())[0]) for n in (4, 9, L - 1)])
+
+    with torch.no_grad():
+        a, b = _token_logits(ref, drafts(ref)), _token_logits(again, drafts(again))
     finite = torch.isfinite(a)
     if not torch.equal(finite, torch.isfinite(b)):
         raise Eagle3InputError(f"export {out_dir}: the reloaded draft proposes other tokens than the trained module")
@@ -157,6 +159,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
         _check_replace(out, source)
     model = load_draft(ckpt_dir)
     cfg = model.config
+    if cfg.block_size:  # a block method drafts its block, whatever was asked (vLLM is told exactly that)
+        speculative_tokens = cfg.block_size - 1
     metadata = read_metadata(ckpt_dir) or {}
     # What the user named (hub id, embedded name, path), never the machine-local directory it resolved to.
     recorded = metadata.get("verifier") or {}
@@ -166,7 +170,8 @@ def export(checkpoint: str | Path, out_dir: str | Path, fmt: str = _D.format, dt
     validate_tensors(model, tensors)
     tensors = full_vocabulary_layout(model, tensors)
     torch_dtype = DTYPES[dtype]
-    out_tensors = {export_key(k, fmt): (v.to(torch_dtype) if v.is_floating_point() else v).contiguous()
+    layout = draft_method(cfg.method).layout
+    out_tensors = {export_key(k, fmt, layout): (v.to(torch_dtype) if v.is_floating_point() else v).contiguous()
                    for k, v in tensors.items()}
     if cfg.own_embedding:  # a draft of another width ships its own (trainable_state_dict holds it)
         source["includes_embed_tokens"] = True
@@ -232,8 +237,8 @@ def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remot
     flag = " --trust-remote-code" if trust_remote_code else ""
     if fmt == "speculators":
         return f"vllm serve {out}{flag}"
-    spec = json.dumps({"method": "eagle3", "model": str(out), "num_speculative_tokens": k,
-                       **draft_method(method).vllm_options})
+    m = draft_method(method)
+    spec = json.dumps({"method": m.vllm_method, "model": str(out), "num_speculative_tokens": k, **m.vllm_options})
     return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'{flag}"
 
 

@@ -55,10 +55,11 @@ class DraftConfig:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
-    # How the draft proposes (model/draft_methods.py): eagle3 (sequential) or peagle (parallel drafting from the
-    # verifier-vocabulary token `mask_token_id`).
+    # How the draft proposes (model/draft_methods.py): eagle3 (sequential), peagle (parallel drafting from the
+    # verifier-vocabulary token `mask_token_id`) or dflash (a non-causal block of them).
     method: str = "eagle3"
     mask_token_id: int | None = None
+    block_size: int | None = None  # dflash: the verified token and block_size-1 mask slots per forward
 
     @property
     def aux_hidden_size(self) -> int:

@@ -5,6 +5,9 @@ a method.
 
 - `eagle3`: sequential EAGLE-3. Step j (j >= 1) reads the draft's own hidden state of step j-1 and the token drafted
   before it (training: the data's token); k forwards per round.
+- `dflash`: DFlash (block diffusion drafting, z-lab/dflash): its own network (`model/dflash.py`) and objective
+  (`train/dflash_blocks.py`): the verified token and block_size-1 mask slots in one non-causal forward over context
+  features of the verifier's states; `num_speculative_tokens` = block_size - 1.
 - `peagle`: P-EAGLE (parallel drafting, arXiv 2602.01469). Steps j >= 1 read a mask token and the learned
   `mask_hidden` (raw aux width, fused like verifier features): no step depends on an earlier step's output, so vLLM
   drafts all k tokens in one forward (`"parallel_drafting": true`). Its training-time-test step j at position t is
@@ -57,6 +60,16 @@ def _peagle_propose(draft: Any, h: Any, ids: Any, pos: Any, kv: Any, k: int, to_
     return list(logits[0, -k:]), kv
 
 
+def _dflash_propose(draft: Any, h: Any, ids: Any, pos: Any, kv: Any, k: int, to_target: Any) -> tuple[list, Any]:
+    """One block forward: the new verified positions become context keys/values, the bonus token (the last of
+    `ids`) anchors a block of k mask slots after them."""
+    return draft.propose_block(kv, h, pos, int(ids[0, -1]), k)
+
+
+def _no_later_step(model: Any, out: Any, ids: Any) -> tuple[Any, Any]:
+    raise NotImplementedError("this method is not trained by training-time test")
+
+
 @dataclass(frozen=True)
 class DraftMethod:
     name: str
@@ -77,6 +90,12 @@ class DraftMethod:
     vllm_options: dict[str, Any] = field(default_factory=dict)  # keys it adds to vLLM's --speculative-config
     speculators_type: str = "eagle3"  # speculators_model_type / speculators_config.algorithm
     speculators_class: str = "Eagle3Speculator"
+    network: str = "eagle3"  # the module that runs it (model/draft.py `build_draft`)
+    objective: str = "ttt"  # the objective that trains it (train/method_objectives.py)
+    layout: str = "eagle3"  # its export layout (checkpoints/layouts.py)
+    vllm_method: str = "eagle3"  # the "method" of vLLM's --speculative-config
+    block: bool = False  # it drafts a fixed block (DFlash: num_speculative_tokens must be block_size - 1)
+    speculators_refusal: str | None = None  # why it is not exported in the speculators format
     sglang_refusal: str | None = None  # why SGLang would not serve it as trained (None: as the layer kind says)
     speculators_drops: dict[str, str] = field(default_factory=dict)  # option -> why vLLM loses it in that format
 
@@ -85,10 +104,28 @@ class DraftMethod:
         return {name: shape(cfg) for name, (shape, _) in self.parameters.items()}
 
     def config_fields(self, cfg: Any) -> dict[str, Any]:
-        """The config.json keys it adds in both export formats."""
+        """The config.json keys it adds to an EAGLE-3 layout, in both formats."""
         return {"mask_token_id": cfg.mask_token_id} if self.needs_mask_token else {}
 
+    def served_k(self, config: dict[str, Any], k: int) -> int:
+        """The num_speculative_tokens to serve an export (its config.json) with, asked for k: a block method's is
+        fixed by its block (a non-causal block changes every slot's attention with its size)."""
+        if not self.block:
+            return k
+        fixed = int(config["block_size"]) - 1
+        if k != fixed:
+            raise Eagle3InputError(f"a {self.name} draft of block size {fixed + 1} drafts {fixed} tokens per round "
+                                   f"(its mask slots attend to each other both ways): serve it with "
+                                   f"num_speculative_tokens {fixed}, not {k}")
+        return fixed
+
     def check(self, cfg: Any) -> None:
+        if self.block != (cfg.block_size is not None):
+            raise Eagle3InputError(f"block_size is for the methods that draft a block "
+                                   f"({', '.join(n for n, m in METHODS.items() if m.block)}), and they need one "
+                                   f"(method {self.name}, block_size {cfg.block_size!r})")
+        if self.block and (not isinstance(cfg.block_size, int) or cfg.block_size < 2):
+            raise Eagle3InputError(f"block_size must be a whole number >= 2, got {cfg.block_size!r}")
         if not self.needs_mask_token:
             if cfg.mask_token_id is not None:
                 raise Eagle3InputError(f"mask_token_id is for the methods that draft from mask tokens "
@@ -115,16 +152,27 @@ METHODS: dict[str, DraftMethod] = {m.name: m for m in (
         sglang_refusal="SGLang has no parallel drafting (its source read 2026-12: P-EAGLE is issue #23171, PR "
                        "#27498 open); its EAGLE-3 loader skips mask_hidden without a word and would draft "
                        "sequentially from a draft never trained on its own hidden states"),
+    DraftMethod(
+        "dflash", "DFlash: a block of mask slots drafted in one non-causal forward over the context features",
+        _no_later_step, _dflash_propose, chained=False, needs_mask_token=True, network="dflash",
+        objective="blocks", layout="dflash", vllm_method="dflash", block=True,
+        speculators_refusal="vLLM 0.32 reads a speculators-format DFlash draft as causal (update_dflash; fix open "
+                            "in vLLM PR #56692) while DFlash trains its blocks both ways: export --format eagle (the "
+                            "z-lab layout vLLM loads)",
+        sglang_refusal="the export is the z-lab layout vLLM 0.32 loads (DFlashDraftModel); SGLang's DFlash "
+                       "loader was not read or run here"),
 )}
 NAMES = tuple(METHODS)
 
 
 def method_of_config(config: dict[str, Any]) -> DraftMethod:
     """The method of an exported draft's config.json (either format): what the engine must be told to serve it."""
-    if config.get("speculators_model_type") == "peagle" or any(
-            config.get(k) is not None for k in ("mask_token_id", "pard_token")):
-        return METHODS["peagle"]
-    return METHODS["eagle3"]
+    if str((config.get("architectures") or [""])[0]).startswith("DFlash"):
+        return METHODS["dflash"]
+    by_type = [m for m in METHODS.values() if m.speculators_type == config.get("speculators_model_type")]
+    has_mask = any(config.get(k) is not None for k in ("mask_token_id", "pard_token"))
+    return by_type[0] if by_type else next(m for m in METHODS.values() if m.needs_mask_token == has_mask
+                                           and not m.block)
 
 
 def draft_method(name: str) -> DraftMethod:

@@ -145,7 +145,7 @@ def memory_per_rank(d, params: dict[str, int], s: PlanSettings, frozen_bytes: in
     chunk = max(1, min(chunk_rows(1024, V, LOGITS_CHUNK_ELEMENTS), R))
     full_logits = chunk * V * (4 if frozen_bytes == 4 else frozen_bytes + 4)
     targets_tmp = full_logits + chunk * Vd * 8 + Vd * Ht * 4 + R * Ht * 4
-    # under checkpoint_loss the loss runs in pieces of rows (train/ttt.py `_step_loss`): one piece's logits at a time
+    # under checkpoint_loss the loss runs in pieces of rows (train/ttt.py `step_loss`): one piece's logits at a time
     piece = min(R, chunk_rows(R, Vd, LOGITS_CHUNK_ELEMENTS)) if s.checkpoint_loss else R
     loss_fwd, loss_bwd = loss_forward_bytes(piece, Vd), 3 * piece * Vd * 4
     w = architecture_of(d).attention_widths(d)

@@ -75,14 +75,15 @@ def verifier_weight_bytes(cfg_path: Path) -> int | None:
 def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
     """The draft the trainer would build (same config code, same module), on the meta device: shapes, no memory."""
     from eagle3_train.model.config import DraftConfig
-    from eagle3_train.model.draft import Eagle3Draft
     from eagle3_train.model.draft_methods import draft_method
+    from eagle3_train.model.networks import build_draft
 
     overrides = {"intermediate_size": s.intermediate_size, "num_layers": s.num_layers,
                  "num_attention_heads": s.num_attention_heads, "num_key_value_heads": s.num_key_value_heads,
                  "head_dim": s.head_dim, "architecture": s.architecture, **(s.mla_dims or {}),
                  # a method drafting from a mask token: any id plans the same shapes
-                 "method": s.method, "mask_token_id": 0 if draft_method(s.method).needs_mask_token else None}
+                 "method": s.method, "mask_token_id": 0 if draft_method(s.method).needs_mask_token else None,
+                 "block_size": s.ttt_steps + 1 if draft_method(s.method).block else None}
     try:
         draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab,
                                               aux_layer_ids=s.layer_ids, verifier_name=f"verifier {s.verifier}",
@@ -90,7 +91,7 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
     except KeyError as e:
         raise Eagle3InputError(f"plan: verifier config lacks {e}") from None
     with torch.device("meta"):
-        model = Eagle3Draft(draft_cfg)
+        model = build_draft(draft_cfg)
     return draft_cfg, model
 
 

@@ -1,7 +1,7 @@
 """The vLLM command line: the options a server gets for where it runs and the model it serves, the draft's
 `--speculative-config`, and the user's own flags, parsed so that one given there replaces the one we would set.
 
-Python API: `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS, method="eagle3") -> dict`,
+Python API: `speculative_config(draft_dir, k=NUM_SPECULATIVE_TOKENS) -> dict`,
 `server_options(device, dtype, enforce_eager, max_model_len, startup_matters, model_config) -> dict`,
 `resolve_dtype(device, dtype, model_config) -> str`,
 `model_config(model) -> dict`, `split_vllm_args(vllm_args) -> list[str]`, `option_name(token)`,
@@ -21,16 +21,18 @@ from eagle3_train.settings.common import MAX_MODEL_LEN, NUM_SPECULATIVE_TOKENS
 from eagle3_train.utils.io import Eagle3InputError, check_at_least, read_json
 
 
-def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS,
-                       method: str = "eagle3") -> dict[str, Any]:
-    """The `--speculative-config` value for a draft directory (k draft tokens), with what its draft method needs
-    (P-EAGLE: `parallel_drafting`, without which vLLM drafts it sequentially after one warning)."""
+def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TOKENS) -> dict[str, Any]:
+    """The `--speculative-config` value for a draft directory (k draft tokens), with what its draft method needs:
+    vLLM's method name (eagle3, dflash), P-EAGLE's `parallel_drafting` (without it vLLM drafts sequentially after one
+    warning); a DFlash draft is refused at another k than its block's."""
     check_at_least("number of speculative tokens", k, 1)
     draft = Path(draft_dir)
     if not (draft / "config.json").is_file():
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
-    options = method_of_config(read_json(draft / "config.json", "draft config")).vllm_options
-    return {"method": method, "model": str(draft.resolve()), "num_speculative_tokens": int(k), **options}
+    config = read_json(draft / "config.json", "draft config")
+    m = method_of_config(config)
+    return {"method": m.vllm_method, "model": str(draft.resolve()),
+            "num_speculative_tokens": m.served_k(config, int(k)), **m.vllm_options}
 
 
 def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",

@@ -11,6 +11,7 @@ import torch
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.draft_methods import draft_method
+from eagle3_train.model.networks import build_draft
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.inputs import RunInputs
 from eagle3_train.utils.io import Eagle3InputError
@@ -26,13 +27,15 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
         norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm,
         norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size, method=cfg.method,
-        mask_token_id=run_mask_token(cfg, inputs))
+        mask_token_id=run_mask_token(cfg, inputs),
+        # a block method drafts ttt_steps mask slots after the verified token
+        block_size=cfg.ttt_steps + 1 if draft_method(cfg.method).block else None)
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier.name
     torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = Eagle3Draft(draft_cfg)
+        model = build_draft(draft_cfg)
     with torch.no_grad():
         if not draft_cfg.own_embedding:  # a draft of another width keeps its own, randomly initialised
             model.embed_tokens.weight.copy_(inputs.embed)

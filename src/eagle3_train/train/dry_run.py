@@ -27,6 +27,7 @@ from eagle3_train.checkpoints.formats import EAGLE, SPECULATORS, load_draft_sour
 from eagle3_train.checkpoints.layouts import eagle_config_json, export_key, speculators_config_json, stored_shapes
 from eagle3_train.hidden_states.modes import states_mode
 from eagle3_train.model.config import default_aux_layer_ids
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.engines import engine_support, format_support
 from eagle3_train.model.layer_kinds import MLA_DIMS, layer_kind
 from eagle3_train.model.verifier_head import LOGITS_CHUNK_ELEMENTS
@@ -164,7 +165,8 @@ def export_header_only(model, d2t: torch.Tensor, t2d: torch.Tensor, fmt: str, ou
     cfg = model.config
     torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
     stored = stored_shapes(cfg)  # a whole-vocabulary draft's export holds no d2t/t2d, as the real export
-    specs = {export_key(k, fmt): (tuple(v.shape), torch_dtype if v.is_floating_point() else v.dtype)
+    layout = draft_method(cfg.method).layout
+    specs = {export_key(k, fmt, layout): (tuple(v.shape), torch_dtype if v.is_floating_point() else v.dtype)
              for k, v in model.trainable_state_dict().items() if k in stored}
     out.mkdir(parents=True, exist_ok=True)
     write_header_only_safetensors(out / "model.safetensors", specs,
@@ -186,7 +188,7 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
     missing_keys = [k for k in _ENGINE_KEYS[fmt] if k not in config]
     if missing_keys:
         raise Eagle3InputError(f"{where}: config.json lacks {missing_keys}")
-    want = {export_key(k, fmt): s for k, s in stored_shapes(cfg).items()}
+    want = {export_key(k, fmt, draft_method(cfg.method).layout): s for k, s in stored_shapes(cfg).items()}
     if set(header) != set(want):
         raise Eagle3InputError(f"{where}: tensors missing {sorted(set(want) - set(header))}, unexpected "
                                f"{sorted(set(header) - set(want))} (vLLM rejects unknown tensors)")
@@ -200,11 +202,11 @@ def check_export_as_engines_read_it(out: Path, fmt: str, model, run_layer_ids: t
                                f"{header['t2d']['dtype']}")
     layer = config if fmt == "eagle" else config["transformer_layer_config"]
     if fmt == "eagle":
-        arch = layer_kind(cfg.architecture)
-        if config["architectures"] != [arch.eagle_class] or config["model_type"] != arch.model_type or \
-                config["tie_word_embeddings"] is not False:
-            raise Eagle3InputError(f"{where}: the engines need architectures [{arch.eagle_class}], model_type "
-                                   f"{arch.model_type} and tie_word_embeddings false")
+        want_config = eagle_config_json(cfg, "bfloat16")  # the layer kind's (or the method's own) class and type
+        if config["architectures"] != want_config["architectures"] or \
+                config["model_type"] != want_config["model_type"] or config["tie_word_embeddings"] is not False:
+            raise Eagle3InputError(f"{where}: the engines need architectures {want_config['architectures']}, "
+                                   f"model_type {want_config['model_type']} and tie_word_embeddings false")
     else:
         sc = config["speculators_config"]
         if not (sc.get("proposal_methods") or [{}])[0].get("speculative_tokens") or \
@@ -352,7 +354,9 @@ def _meta_draft(cfg: TrainConfig, inputs, checked: list[str], not_checked: list[
 def _header_only_exports(model, d2t, t2d, root: Path, inputs, num_layers: int, checked: list[str]) -> dict[str, Any]:
     """Write each export format header-only and check it as the engines' loaders read it."""
     exports: dict[str, Any] = {}
-    formats = ("eagle", "speculators") if layer_kind(model.config.architecture).speculators_format else ("eagle",)
+    speculators = layer_kind(model.config.architecture).speculators_format and \
+        not draft_method(model.config.method).speculators_refusal
+    formats = ("eagle", "speculators") if speculators else ("eagle",)
     for fmt in formats:
         d = export_header_only(model, d2t, t2d, fmt, root / fmt, inputs.verifier.name)
         checked += check_export_as_engines_read_it(d, fmt, model, inputs.layer_ids, num_layers)

@@ -34,8 +34,8 @@ from torch import nn
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.settings.train import auto_parallel
+from eagle3_train.train.method_objectives import method_forward
 from eagle3_train.train.objective import Objective
-from eagle3_train.train.ttt import ttt_forward
 from eagle3_train.utils.distributed import DistInfo, broadcast_parameters
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -56,7 +56,7 @@ class TTTModule(nn.Module):
         self.objective = objective
 
     def forward(self, batch, targets, denominators: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ttt_forward(self.draft, batch, targets, self.objective, denominators)
+        return method_forward(self.draft, batch, targets, self.objective, denominators)
 
 
 def choose_engine(setting: str, info: DistInfo, device: torch.device, trainable: int) -> str:

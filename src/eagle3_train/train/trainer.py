@@ -32,6 +32,7 @@ from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, timing_record, written_by_train
+from eagle3_train.train.method_objectives import method_denominators
 from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
@@ -40,7 +41,7 @@ from eagle3_train.train.precision import autocast, resolve_precision, verifier_t
 from eagle3_train.train.prefetch import Prefetcher
 from eagle3_train.train.resume import grad_accum_to_resume
 from eagle3_train.train.targets import verifier_targets
-from eagle3_train.train.ttt import StepSums, supervised_counts
+from eagle3_train.train.ttt import StepSums
 from eagle3_train.utils.distributed import (
     all_reduce_sum_,
     barrier,
@@ -220,7 +221,7 @@ class Trainer:
             _, batches, skipped = self.fetch_step(micro)
         denom = torch.zeros(cfg.ttt_steps, dtype=torch.float64)
         for b in batches:
-            denom += supervised_counts(b.loss_mask, cfg.ttt_steps).cpu()  # batches may already sit on the GPU
+            denom += method_denominators(cfg.method, b, cfg.ttt_steps).cpu()  # batches may already sit on the GPU
         all_reduce_sum_(denom, self.info)
         self.engine.module.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -279,7 +280,7 @@ class Trainer:
             batch = data.batch(mine[i]) if i < len(mine) else None
             idle = batch is None
             batch = self._idle_batch() if idle else batch.to(self.device, torch.float32)
-            denom = supervised_counts(batch.loss_mask, self.cfg.ttt_steps).to(self.device)
+            denom = method_denominators(self.cfg.method, batch, self.cfg.ttt_steps).to(self.device)
             _, s = self._forward(batch, denom)
             if not idle:
                 sums.add(s)

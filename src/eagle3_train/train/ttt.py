@@ -117,7 +117,7 @@ def _head_loss(model: Eagle3Draft, hidden: torch.Tensor, all_probs: torch.Tensor
     return loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum
 
 
-def _step_loss(model: Eagle3Draft, hidden: torch.Tensor, targets: Targets, rows: torch.Tensor, valid: torch.Tensor,
+def step_loss(model: Eagle3Draft, hidden: torch.Tensor, targets: Targets, rows: torch.Tensor, valid: torch.Tensor,
                scored: torch.Tensor | None, objective: Objective
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`_head_loss` over a step's rows; under `checkpoint_loss`, in pieces of LOGITS_CHUNK_ELEMENTS logits each
@@ -170,7 +170,7 @@ def ttt_forward(model: Eagle3Draft, batch: Batch, targets: Targets, objective: O
         rows = targets.row_of[b_idx, t_idx + 1 + j]
         valid = targets.in_vocab[rows]
         scored = None if batch.scored_mask is None else batch.scored_mask[:, 2 + j:2 + j + n][b_idx, t_idx]
-        loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = _step_loss(
+        loss_sum, scored_loss, draft_argmax, alpha_sum, p_draft_sum = step_loss(
             model, out[b_idx, t_idx], targets, rows, valid, scored, objective)
         loss = loss + step_weights[j] * loss_sum / denominators[j].clamp(min=1).to(loss.dtype)
         with torch.no_grad():
