@@ -99,6 +99,24 @@ def test_kimi_draft_finetuned_into_peagle_dry_run_at_full_size(kimi, tmp_path):
     assert meta["dry_run"]["exports"]["eagle"]["engines"]["sglang"]["serves_as_trained"] is False
 
 
+def test_dflash_dry_run_at_full_size(kimi, tmp_path):
+    """A DFlash draft for the Kimi-K2 verifier from scratch: the z-lab layout vLLM loads, header-only, checked as
+    the engine reads it; no speculators export (vLLM reads that one as causal)."""
+    root, verifier, paths = kimi
+    out = tmp_path / "train"
+    report = dry_run(kimi_train_config(paths, out, method="dflash", mask_token_id=V - 1, ttt_steps=15))
+    meta = json.loads((out / METADATA_FILE).read_text())
+    assert (meta["draft_config"]["method"], meta["draft_config"]["block_size"]) == ("dflash", 16)
+    assert list(report["exports"]) == ["eagle"]
+    d = out / "dry-run-exports" / "eagle"
+    config = json.loads((d / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"]["target_layer_ids"] == [i - 1 for i in meta["draft_config"]["aux_layer_ids"]]
+    header = read_safetensors_header(d / "model.safetensors")
+    assert header["fc.weight"]["shape"] == (H, 3 * H) and "layers.0.self_attn.k_norm.weight" in header
+    assert "hidden_norm.weight" in header and not any(k.startswith("midlayer.") for k in header)
+
+
 def test_a_run_on_the_default_layers_refuses_the_kimi_draft(kimi, tmp_path):
     root, verifier, _ = kimi
     paths = write_run_inputs(tmp_path / "default-layers", verifier, layer_ids=DEFAULT)

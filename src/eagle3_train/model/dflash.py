@@ -67,7 +67,10 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(llama_config(cfg))
 
-    def forward(self, h, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+    def forward(self, h, cos, sin, context: tuple, mask) -> torch.Tensor:
+        """`context`: (features, cos, sin) whose keys/values this layer makes (inside its forward: FSDP gathers a
+        unit's weights there), or (keys, values) already made (decoding's cache)."""
+        ctx_k, ctx_v = self.self_attn.context_kv(*context) if len(context) == 3 else context
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -124,8 +127,7 @@ class DFlashDraft(nn.Module):
         cos, sin = self.rotary(h, pos)
         ctx_cos, ctx_sin = self.rotary(ctx, ctx_pos)
         for layer in self.layers:
-            ctx_k, ctx_v = layer.self_attn.context_kv(ctx, ctx_cos, ctx_sin)
-            h = layer(h, cos, sin, ctx_k, ctx_v, mask)
+            h = layer(h, cos, sin, (ctx, ctx_cos, ctx_sin), mask)
         return h
 
     @torch.no_grad()
@@ -147,8 +149,8 @@ class DFlashDraft(nn.Module):
         pos = torch.arange(start, start + k + 1, device=new_ctx.device)[None]
         h = self.embed_tokens(ids).to(new_ctx.dtype)
         bcos, bsin = self.rotary(h, pos)
-        for layer, (ck, cv) in zip(self.layers, cache):
-            h = layer(h, bcos, bsin, ck, cv, None)
+        for layer, kv in zip(self.layers, cache):
+            h = layer(h, bcos, bsin, kv, None)
         logits = self.logits(h)[0, 1:]
         return list(logits), cache
 

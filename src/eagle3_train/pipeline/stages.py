@@ -309,6 +309,18 @@ def _export_run(ctx: RunContext, fmt: str | None) -> Any:
                   overwrite=True, **section(ctx, "export", "formats"))
 
 
+def _export_formats(ctx: RunContext) -> list[str]:
+    """export.formats, less the speculators format for a method it cannot carry (DFlash: said in the log)."""
+    from eagle3_train.model.draft_methods import draft_method
+
+    method = draft_method(ctx.cfg["train"].get("method") or "eagle3")
+    formats = list(ctx.cfg["export"]["formats"])
+    if method.speculators_refusal and "speculators" in formats:
+        log.warning("export: no speculators format for a %s draft: %s", method.name, method.speculators_refusal)
+        formats.remove("speculators")
+    return formats
+
+
 def _export_use(ctx: RunContext, fmt: str | None, result: Any) -> None:
     ctx.summary.setdefault("exports", {})[fmt] = result["out"]
     ctx.summary.setdefault("serve", {})[fmt] = result["serve"]
@@ -349,7 +361,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("export", "export", ("train", "select"), "export-{variant}/config.json",
           lambda ctx, fmt: {**section(ctx, "export", "formats"), "format": fmt, "train": ctx.keys["train"],
                             "select": ctx.keys["select"]},
-          _export_run, use=_export_use, variants=lambda ctx: list(ctx.cfg["export"]["formats"])),
+          _export_run, use=_export_use, variants=_export_formats),
     Stage("evaluate", "evaluate", ("export",), "evaluate/results.json", _evaluate_key, _evaluate_run,
           use=_summarize("evaluate"),
           enabled=lambda ctx: bool(ctx.cfg["evaluate"]["vllm"] or ctx.cfg["evaluate"]["offline"])),

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from eagle3_train.assets.families import text_config
+from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.model.layer_kinds import MLA_DIMS
 from eagle3_train.plan.memory import (
     DEFAULT_DRAFT_VOCAB,
@@ -126,6 +127,10 @@ def plan(s: PlanSettings) -> Plan:
         modes[name]["server_memory_per_gpu"] = server
     _add_times(modes, tokens, s)
     notes = _notes(weight_bytes, frozen_bytes, s, server)
+    if draft_method(s.method).objective != "ttt":
+        notes.append(f"method {s.method}: its activations are planned as training-time test's over the same "
+                     f"{s.ttt_steps} steps (its blocks run ttt_steps + 1 queries per anchor, up to 512 anchors per "
+                     f"sample: an estimate, not measured)")
     if source_vocab is not None and s.draft_vocab != source_vocab:
         notes.append(f"draft vocabulary: {s.draft_vocab} rows, rebuilt from this run's data (the source has "
                      f"{source_vocab}): `train --finetune-vocab rebuild` with a vocabulary of that size")

@@ -93,12 +93,14 @@ class TrainConfig:
     verifier: str | None = setting(None, "verifier (default: the one recorded by extract)", yaml=False)
     # how the draft proposes (model/draft_methods.py)
     method: str = setting(
-        "eagle3", "draft method: eagle3 (sequential: draft j reads the draft's own step j-1; vLLM and SGLang) or "
+        "eagle3", "draft method: eagle3 (sequential: draft j reads the draft's own step j-1; vLLM and SGLang), "
                   "peagle (P-EAGLE, parallel drafting: drafts 2..k read a mask token and a learned mask_hidden, so "
-                  "vLLM drafts all k in one forward, served with \"parallel_drafting\": true; vLLM only). peagle "
-                  "trains its k = ttt_steps slots; serve at most that many", choices=METHOD_NAMES)
+                  "vLLM drafts all k in one forward, served with \"parallel_drafting\": true; vLLM only; trains "
+                  "k = ttt_steps slots, serve at most that many) or dflash (DFlash: Qwen3 layers draft a block of "
+                  "ttt_steps mask slots after the verified token in one non-causal forward over the verifier's "
+                  "features; vLLM only, served with num_speculative_tokens = ttt_steps)", choices=METHOD_NAMES)
     mask_token_id: int | None = setting(
-        None, "method peagle: the verifier-vocabulary token of the mask slots (default: the tokenizer's mask "
+        None, "methods peagle, dflash: the verifier-vocabulary token of the mask slots (default: the tokenizer's mask "
               "token, else the first embedding row past the tokenizer's tokens, else its pad token, else eos)",
         valid=">= 0", experimental=True)
     # training-time test

@@ -1,6 +1,7 @@
-"""P-EAGLE (train.method peagle) judged by real vLLM beside SmolLM2 (float32 on the CPU, so both sides compute alike):
-a P-EAGLE draft trained on the data and hidden states the EAGLE-3 tests train on, exported, served with parallel
-drafting (one draft forward per round) and
+"""The draft methods after EAGLE-3 judged by real vLLM beside SmolLM2 (float32 on the CPU, so both sides compute
+alike), each trained on the data and hidden states the EAGLE-3 tests train on and exported.
+
+P-EAGLE (train.method peagle), served with parallel drafting (one draft forward per round):
 
 - vLLM's greedy output is identical with and without the P-EAGLE draft;
 - the offline evaluator reproduces vLLM draft for draft (its proposal is one forward laid out as vLLM's);
@@ -10,7 +11,12 @@ drafting (one draft forward per round) and
 
 A real language model, not a tiny random one: a random verifier's token two ahead is a function of the token between,
 which a mask slot never sees, so its slots past the first learn nothing there (measured: no second slot accepted on 6
-prompts). The side-by-side with EAGLE-3 at equal data is benchmarks/recipe_variants.py (benchmarks/README.md)."""
+prompts).
+
+DFlash (train.method dflash), served as vLLM's `dflash` method (the z-lab layout, one non-causal block per round):
+greedy output identical, the offline evaluator = vLLM draft for draft, its layer ids written as vLLM reads them.
+
+The side-by-side with EAGLE-3 at equal data is benchmarks/recipe_variants.py (benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from eagle3_train.serving.vllm_options import speculative_config
 from eagle3_train.serving.vllm_server import VLLMServer
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train.trainer import train
+from eagle3_train.utils.io import Eagle3InputError
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 FALLBACK_WARNING = "mask_hidden found in weights but model is not configured for parallel drafting"
@@ -61,6 +68,15 @@ def runs(tmp_path_factory, smollm2_dir, smollm2_stages) -> dict:
                      "offline": evaluate_offline(root / "peagle-eagle", smollm2_dir, prompts, k=K,
                                                  max_new_tokens=MAX_TOKENS, dtype=torch.float32,
                                                  record_rounds=True)}
+    result = train(TrainConfig(prepared=str(stages / "prepared"), hidden_states=str(stages / "hidden"),
+                               vocab=str(stages / "vocab"), out=str(root / "train-dflash"), ttt_steps=K, epochs=2,
+                               token_budget=2048, lr=5e-4, warmup_ratio=0.05, tensorboard=False, optimizer="adamw",
+                               seed=0, method="dflash"))
+    export(root / "train-dflash", root / "dflash-eagle", fmt="eagle")
+    out["dflash"] = {"result": result, "served": served(st, root / "dflash-eagle", "dflash"),
+                     "offline": evaluate_offline(root / "dflash-eagle", smollm2_dir, prompts, k=K,
+                                                 max_new_tokens=MAX_TOKENS, dtype=torch.float32,
+                                                 record_rounds=True)}
     export(root / "train-peagle", root / "peagle-speculators", fmt="speculators", verifier=str(smollm2_dir))
     out["speculators"] = served(st, root / "peagle-speculators", "peagle-speculators")
     sequential = {**speculative_config(root / "peagle-eagle", K)}
@@ -82,13 +98,36 @@ def test_the_export_carries_the_mask_and_the_serve_line_parallel_drafting(runs):
     assert not meta["export"]["engines"]["sglang"]["serves_as_trained"]
 
 
-def test_greedy_output_is_identical_with_the_parallel_draft(runs):
-    assert [tokens for tokens, _ in runs["peagle"]["served"]] == runs["plain"]
-    assert runs["peagle"]["offline"]["greedy_check"]["passed"] is True
+@pytest.mark.parametrize("method", ["peagle", "dflash"])
+def test_greedy_output_is_identical_with_the_draft(runs, method):
+    assert [tokens for tokens, _ in runs[method]["served"]] == runs["plain"]
+    assert runs[method]["offline"]["greedy_check"]["passed"] is True
 
 
-def test_offline_equals_vllm_draft_for_draft(runs):
-    assert_draft_for_draft(runs["peagle"]["served"], runs["peagle"]["offline"], "peagle")
+@pytest.mark.parametrize("method", ["peagle", "dflash"])
+def test_offline_equals_vllm_draft_for_draft(runs, method):
+    assert_draft_for_draft(runs[method]["served"], runs[method]["offline"], method)
+    accepted = [sum(acc["num_accepted_tokens_per_pos"][i] for _, acc in runs[method]["served"]) for i in range(K)]
+    drafts = sum(acc["num_drafts"] for _, acc in runs[method]["served"])
+    print(f"\n[{method}, SmolLM2, k={K}] vLLM accepted per position {accepted} of {drafts} drafts; estimate "
+          f"{runs[method]['result']['validation'][f'accept_len_k{K}']:.3f}")
+    assert accepted[0] > 0  # its drafts are accepted
+
+
+def test_the_dflash_export_is_what_vllm_loads(runs):
+    root = runs["stages"]["root"]
+    cfg = json.loads((root / "dflash-eagle" / "config.json").read_text())
+    meta = json.loads((root / "dflash-eagle" / "training_metadata.json").read_text())
+    aux = meta["draft_config"]["aux_layer_ids"]
+    assert (cfg["architectures"], cfg["model_type"], cfg["block_size"]) == (["DFlashDraftModel"], "qwen3", K + 1)
+    assert cfg["dflash_config"]["target_layer_ids"] == [i - 1 for i in aux]  # vLLM adds 1
+    assert cfg["dflash_config"]["causal"] is False and "eagle_config" not in cfg
+    assert "eagle_aux_hidden_state_layer_ids" not in cfg
+    assert speculative_config(root / "dflash-eagle", K)["method"] == "dflash"
+    with pytest.raises(Eagle3InputError, match=f"serve it with num_speculative_tokens {K}"):
+        speculative_config(root / "dflash-eagle", K + 2)
+    with pytest.raises(Eagle3InputError, match="not exported in the speculators format"):
+        export(root / "train-dflash", root / "dflash-speculators", fmt="speculators", verifier="smollm2")
 
 
 def test_both_formats_serve_alike_and_only_a_config_without_parallel_drafting_falls_back(runs):
