@@ -18,6 +18,7 @@ from pathlib import Path
 from eagle3_train.evaluate.pipeline_eval import acceptance_summary
 from eagle3_train.evaluate.prompts import load_prompts
 from eagle3_train.evaluate.served import evaluate_served
+from eagle3_train.serving.vllm_options import speculative_config
 from eagle3_train.serving.vllm_server import VLLMServer
 from eagle3_train.utils.host_memory import compute_env
 
@@ -138,11 +139,15 @@ def build_prepared(work: Path, samples: int, max_length: int, verifier: str) -> 
 MEASURES = (("mtbench_t0", "mtbench", 0.0), ("humaneval_t0", "humaneval", 0.0), ("mtbench_t1", "mtbench", 1.0))
 
 
-def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES, dtype: str = "auto") -> dict:
-    """One vLLM server per draft (speculators format: the config names the verifier), `measures` against it;
-    `dtype`: the server's (a ServerDtype: auto, native, ...)."""
+def serve(draft: str, num_prompts: int, log_dir: Path, measures: tuple = MEASURES, dtype: str = "auto",
+          verifier: str | Path | None = None, k: int = 3) -> dict:
+    """One vLLM server per draft, `measures` against it: a speculators-format draft alone (its config names the
+    verifier), or with `verifier` any export beside it (`speculative_config`: the draft method's vLLM options, k
+    drafts); `dtype`: the server's (a ServerDtype: auto, native, ...)."""
     out = {}
-    with VLLMServer(draft, startup_matters=True, log_path=log_dir / "vllm.log", dtype=dtype) as server:
+    model, spec = (draft, None) if verifier is None else (verifier, speculative_config(draft, k))
+    with VLLMServer(model, speculative=spec, startup_matters=True, log_path=log_dir / "vllm.log",
+                    dtype=dtype) as server:
         for name, bench, temperature in measures:
             prompts = load_prompts(bench, limit=num_prompts, turns=1)
             r = evaluate_served(server.base_url, server.model_name, prompts, max_tokens=128, concurrency=8,

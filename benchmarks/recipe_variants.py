@@ -1,9 +1,12 @@
-"""EAGLE-3 vs EAGLE 3.1 vs speculators' norm set, each with AdamW and Muon, on one run's data, judged by vLLM.
+"""Recipe variants on one run's data, judged by vLLM: EAGLE-3 vs EAGLE 3.1 vs speculators' norm set, AdamW vs Muon,
+and the draft methods (EAGLE-3 vs P-EAGLE vs DFlash: `--variant peagle:method=peagle --variant dflash:method=dflash`).
 
 Every variant trains on the prepared data, vocabulary and hidden states of a finished `eagle3-train run` (the main
 job's, by default), with that run's train settings plus the variant's overrides, and is served beside the verifier
 on held-out prompts (MT-bench first turns at T 0 and T 1 by default; HumanEval with --measures). Two variants train
-at a time, one thread each (2 cores); the servers run one at a time afterwards, in the run's serving dtype.
+at a time, one thread each (2 cores); the servers run one at a time afterwards, in the run's serving dtype, each
+draft exported in the EAGLE format (DFlash's z-lab layout) and served beside the verifier with the
+`--speculative-config` our tools write (P-EAGLE: parallel drafting; DFlash: vLLM's dflash method).
 
   .venv/bin/python benchmarks/recipe_variants.py --run /tmp/mj/runs/smollm2-sharegpt \\
       --variant plain-adamw:optimizer=adamw,fc_norm=false,norm_output=false --variant ...
@@ -22,12 +25,16 @@ from pathlib import Path
 
 from common import MEASURES, machine, serve
 
+from eagle3_train.assets.verifier import resolve_verifier
 from eagle3_train.export.exporter import export
 from eagle3_train.utils.io import read_json, write_json
 
 HERE = Path(__file__).resolve().parent
 # the settings that decide the recipe; the run's other train settings are kept
-RECIPE_KEYS = ("optimizer", "muon_lr", "fc_norm", "norm_output", "norm_before_fc", "norm_before_residual")
+RECIPE_KEYS = ("method", "num_layers", "optimizer", "muon_lr", "fc_norm", "norm_output", "norm_before_fc",
+               "norm_before_residual")
+# draft forwards per round of k drafts: sequential EAGLE-3 runs k, the parallel methods one
+DRAFT_FORWARDS = {"eagle3": "k", "peagle": 1, "dflash": 1}
 
 
 def train_command(run: Path, out: Path, overrides: list[str]) -> list[str]:
@@ -88,16 +95,21 @@ def main() -> None:
     to_train = {k: v for k, v in variants.items() if not (k == "as-run" and not v)}
     took = {} if args.serve_only else train_all(run, args.work, to_train, args.parallel)
     measures = tuple(m for m in MEASURES if m[0] in args.measures.split(","))
-    serving = read_json(run / "pipeline_config.json", "pipeline config")["config"].get("serving") or {}
+    run_config = read_json(run / "pipeline_config.json", "pipeline config")["config"]
+    serving = run_config.get("serving") or {}
+    verifier = resolve_verifier(run_config["verifier"])
     for label, overrides in variants.items():
         trained = run / "train" if label == "as-run" and not overrides else args.work / label
         draft = args.work / f"{label}-export"
-        export(trained, draft, fmt="speculators", overwrite=True)
+        export(trained, draft, fmt="eagle", overwrite=True)
         print(f"serving {label}", flush=True)
-        served = serve(str(draft), args.num_prompts, args.work, measures, dtype=serving.get("dtype", "auto"))
+        served = serve(str(draft), args.num_prompts, args.work, measures, dtype=serving.get("dtype", "auto"),
+                       verifier=verifier, k=3)
         meta = read_json(trained / "final" / "training_metadata.json", "training metadata")
+        method = meta["settings"].get("method") or "eagle3"
         results[label] = {
             "overrides": overrides, "recipe": {k: meta["settings"].get(k) for k in RECIPE_KEYS},
+            "draft_forwards_per_round": DRAFT_FORWARDS.get(method),
             "train_s": took.get(label), "estimate": (meta.get("metrics") or {}).get("validation", {}).get(
                 "accept_len_k3"), "tokens": (meta.get("progress") or {}).get("tokens"),
             "vllm": {k: {"mean_acceptance_length": v["mean_acceptance_length"],
