@@ -70,7 +70,7 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
                      think: ThinkTags | None = None) -> dict[str, Any]:
     """Acceptance of `draft` for `verifier` on `prompts` by chain speculative decoding (see `evaluate/decode.py`).
 
-    `draft`: a checkpoint/run dir, an exported dir (EAGLE or speculators format) or a ready Eagle3Draft (used as is,
+    `draft`: a checkpoint/run dir, an exported dir (EAGLE or speculators format) or a built draft module (used as is,
     embedding included). `prepared`: the prepared data to test the prompts against (default: the draft's
     training_metadata `data.prepared`). `think`: the reasoning tags whose rounds are counted apart (`by_region`;
     default: `<think>`/`</think>` when each is one token of the verifier's vocabulary). Raises GreedyMismatchError
@@ -87,7 +87,7 @@ def evaluate_offline(draft: str | Path | Eagle3Draft, verifier: str | Path, prom
         vdir = Path(verifier)
         if tokenizer is None:
             tokenizer = load_tokenizer(vdir, trust_remote_code)
-    if isinstance(draft, Eagle3Draft):
+    if isinstance(draft, torch.nn.Module):  # a built draft of any method
         check_fits(draft, verifier_model)
         draft_info: dict[str, Any] = {"path": None, "format": "module", "metadata": None, "notes": []}
     else:

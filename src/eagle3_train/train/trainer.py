@@ -21,7 +21,6 @@ import torch
 from eagle3_train.assets.verifier import Verifier
 from eagle3_train.checkpoints import native as ckpt
 from eagle3_train.hidden_states.modes import states_mode
-from eagle3_train.model.ttt_attention import select_kernel
 from eagle3_train.settings import NUM_SPECULATIVE_TOKENS
 from eagle3_train.settings.train import TrainConfig
 from eagle3_train.train import checkpointing
@@ -32,7 +31,7 @@ from eagle3_train.train.finetune import finetune_model
 from eagle3_train.train.inputs import resolve_inputs
 from eagle3_train.train.losses import check_loss
 from eagle3_train.train.metadata import OUTPUT, WRITES, build_metadata, timing_record, written_by_train
-from eagle3_train.train.method_objectives import method_denominators
+from eagle3_train.train.method_objectives import attention_kernel, method_denominators
 from eagle3_train.train.metrics_log import MetricsLog
 from eagle3_train.train.objective import FeatureNoise, Objective
 from eagle3_train.train.optimizer import DraftOptimizer, lr_lambda
@@ -100,9 +99,9 @@ class Trainer:
             self.model.embed_tokens.to(frozen)
         self.inputs.lm_head = self.inputs.lm_head.to(frozen)
         self.model.to(self.device)
-        # the later TTT steps' attention (model/ttt_attention.py), checked on this device at this draft's head shape
-        self.ttt_kernel = select_kernel(self.device, torch.bfloat16 if self.precision == "bf16" else torch.float32,
-                                        self.model.layers[0].self_attn.ttt_shape())
+        # the objective's attention kernel (later TTT steps: model/ttt_attention.py), checked on this device
+        self.ttt_kernel = attention_kernel(self.model, self.device,
+                                           torch.bfloat16 if self.precision == "bf16" else torch.float32)
 
     def _setup_data(self) -> None:
         """This rank's share of the training and validation samples, and the steps they make."""
