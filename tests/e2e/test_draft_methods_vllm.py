@@ -59,24 +59,16 @@ def runs(tmp_path_factory, smollm2_dir, smollm2_stages) -> dict:
     st = {"root": root, "verifier": smollm2_dir, "prompts": prompts,
           "prompt_ids": [render_prompt(tokenizer, [{"role": "user", "content": p.turns[0]}]) for p in prompts]}
     out: dict = {"stages": st, "plain": [tokens for tokens, _ in served(st, None, "plain")]}
-    result = train(TrainConfig(prepared=str(stages / "prepared"), hidden_states=str(stages / "hidden"),
-                               vocab=str(stages / "vocab"), out=str(root / "train-peagle"), ttt_steps=K, epochs=2,
-                               token_budget=2048, lr=5e-4, warmup_ratio=0.05, tensorboard=False, optimizer="adamw",
-                               seed=0, method="peagle"))
-    export(root / "train-peagle", root / "peagle-eagle", fmt="eagle")
-    out["peagle"] = {"result": result, "served": served(st, root / "peagle-eagle", "peagle"),
-                     "offline": evaluate_offline(root / "peagle-eagle", smollm2_dir, prompts, k=K,
-                                                 max_new_tokens=MAX_TOKENS, dtype=torch.float32,
-                                                 record_rounds=True)}
-    result = train(TrainConfig(prepared=str(stages / "prepared"), hidden_states=str(stages / "hidden"),
-                               vocab=str(stages / "vocab"), out=str(root / "train-dflash"), ttt_steps=K, epochs=2,
-                               token_budget=2048, lr=5e-4, warmup_ratio=0.05, tensorboard=False, optimizer="adamw",
-                               seed=0, method="dflash"))
-    export(root / "train-dflash", root / "dflash-eagle", fmt="eagle")
-    out["dflash"] = {"result": result, "served": served(st, root / "dflash-eagle", "dflash"),
-                     "offline": evaluate_offline(root / "dflash-eagle", smollm2_dir, prompts, k=K,
-                                                 max_new_tokens=MAX_TOKENS, dtype=torch.float32,
-                                                 record_rounds=True)}
+    for method in ("peagle", "dflash"):  # the same data, settings and seed; each served and judged offline
+        result = train(TrainConfig(prepared=str(stages / "prepared"), hidden_states=str(stages / "hidden"),
+                                   vocab=str(stages / "vocab"), out=str(root / f"train-{method}"), ttt_steps=K,
+                                   epochs=2, token_budget=2048, lr=5e-4, warmup_ratio=0.05, tensorboard=False,
+                                   optimizer="adamw", seed=0, method=method))
+        export(root / f"train-{method}", root / f"{method}-eagle", fmt="eagle")
+        out[method] = {"result": result, "served": served(st, root / f"{method}-eagle", method),
+                       "offline": evaluate_offline(root / f"{method}-eagle", smollm2_dir, prompts, k=K,
+                                                   max_new_tokens=MAX_TOKENS, dtype=torch.float32,
+                                                   record_rounds=True)}
     export(root / "train-peagle", root / "peagle-speculators", fmt="speculators", verifier=str(smollm2_dir))
     out["speculators"] = served(st, root / "peagle-speculators", "peagle-speculators")
     sequential = {**speculative_config(root / "peagle-eagle", K)}

@@ -20,6 +20,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, app
 from eagle3_train.model.architectures import architecture_of
 from eagle3_train.model.attention import llama_config
 from eagle3_train.model.config import DraftConfig
+from eagle3_train.model.draft import DraftVocabulary
 from eagle3_train.model.draft_methods import draft_method
 from eagle3_train.utils.io import Eagle3InputError
 
@@ -75,7 +76,7 @@ class DFlashLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(DraftVocabulary, nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         if cfg.own_embedding:
@@ -103,14 +104,6 @@ class DFlashDraft(nn.Module):
                 p.fill_(1.0)
             elif p.requires_grad:
                 p.normal_(0.0, std)
-
-    @torch.no_grad()
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def draft_token_ids(self) -> torch.Tensor:
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[.., 3*Ht] aux states -> [.., H] context feature (the same for every layer)."""

@@ -67,7 +67,20 @@ class DraftDecoderLayer(nn.Module):
         return self._finish(a, residual), kv
 
 
-class Eagle3Draft(nn.Module):
+class DraftVocabulary:
+    """The draft-to-verifier vocabulary map every draft network carries (buffers `d2t` [Vd], `t2d` [V])."""
+
+    @torch.no_grad()
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """Target (verifier) token id of each draft-vocab row: i + d2t[i]."""
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+
+class Eagle3Draft(DraftVocabulary, nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.config = cfg
@@ -99,16 +112,6 @@ class Eagle3Draft(nn.Module):
                 p.fill_(1.0)
             elif p.requires_grad:
                 p.normal_(0.0, own.get(name, std))
-
-    # --- the vocabulary mapping ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        self.d2t.copy_(d2t)
-        self.t2d.copy_(t2d)
-
-    def draft_token_ids(self) -> torch.Tensor:
-        """Target (verifier) token id of each draft-vocab row: i + d2t[i]."""
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     # --- shared pieces ------------------------------------------------------------------------------------------
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
