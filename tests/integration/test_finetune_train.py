@@ -102,3 +102,23 @@ def test_peagle_finetunes_from_eagle3_and_from_its_own_export(stages, tmp_path):
     back = train(config(root, tmp_path / "back", max_steps=1, finetune_from=str(tmp_path / "eagle")))
     back_meta = json.loads((tmp_path / "back" / "training_metadata.json").read_text())
     assert back["step"] == 1 and "mask_hidden" in back_meta["init"]["keys"]["ignored"]
+
+
+def test_a_dflash_export_reads_back_as_trained(stages, tmp_path):
+    """A DFlash draft exported in the z-lab layout reads back as the draft it was (its config, the taps vLLM adds 1
+    to, its block) and finetunes unchanged at lr 0; the speculators format is refused with the reason."""
+    root, verifier = stages
+    trained = train(config(root, tmp_path / "dflash", max_steps=3, method="dflash"))
+    export(tmp_path / "dflash", tmp_path / "export", fmt="eagle", dtype="float32")
+    meta = json.loads((tmp_path / "dflash" / "training_metadata.json").read_text())
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["dflash_config"]["target_layer_ids"] == [i - 1 for i in meta["draft_config"]["aux_layer_ids"]]
+    assert exported["block_size"] == 4 and "layers.0.self_attn.q_norm.weight" in load_file(
+        str(tmp_path / "export" / "model.safetensors"))
+    again = train(config(root, tmp_path / "again", max_steps=1, lr=0.0, method="dflash",
+                         finetune_from=str(tmp_path / "export")))
+    assert again["validation"] == pytest.approx(trained["validation"], rel=1e-6, abs=1e-6)
+    again_meta = json.loads((tmp_path / "again" / "training_metadata.json").read_text())
+    assert again_meta["init"]["aux_layers"]["match"] is True and not again_meta["init"]["keys"]["missing"]
+    with pytest.raises(Exception, match="not exported in the speculators format"):
+        export(tmp_path / "dflash", tmp_path / "spec", fmt="speculators", verifier=str(verifier))

@@ -34,6 +34,7 @@ import torch
 from eagle3_train.checkpoints.fit import check_draft_fits_verifier, verifier_dims
 from eagle3_train.checkpoints.formats import (
     AUX_DEFAULT,
+    AUX_DFLASH,
     AUX_NESTED,
     AUX_NESTED_VLLM,
     AUX_OURS,
@@ -108,13 +109,16 @@ def aux_layer_record(loaded: LoadedDraft, inputs, L: int, allow_mismatch: bool, 
               AUX_NESTED_VLLM: "from eagle_config.eagle_aux_hidden_state_layer_ids only, which TorchSpec's vLLM export "
                                "writes in vLLM's convention (input of layer i; as SGLang ids they would be one "
                                "layer later)",
+              AUX_DFLASH: "from dflash_config.target_layer_ids (DFlash: output of layer i, which vLLM shifts by +1)",
               AUX_DEFAULT: f"its config names none, so the engines' default (2, L//2, L-3) for this {L}-layer verifier"
               }[loaded.aux_ids_origin]
     record = {"source": src, "source_origin": loaded.aux_ids_origin, "source_explained": f"{_layers(src)}, {origin}",
               "source_config_keys": {
                   "eagle_aux_hidden_state_layer_ids": sc.get("eagle_aux_hidden_state_layer_ids"),
                   "eagle_config.eagle_aux_hidden_state_layer_ids": (sc.get("eagle_config") or {}).get(
-                      "eagle_aux_hidden_state_layer_ids")},
+                      "eagle_aux_hidden_state_layer_ids"),
+                  **({"dflash_config.target_layer_ids": sc["dflash_config"].get("target_layer_ids")}
+                     if sc.get("dflash_config") else {})},
               "run": run, "run_from": f"layer_ids of the hidden-states manifest in {inputs.hidden_dir}",
               "match": src == run, "allow_mismatch": bool(allow_mismatch)}
     where = f"finetune source {loaded.path}"
