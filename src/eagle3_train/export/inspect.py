@@ -124,6 +124,8 @@ def format_report(info: dict[str, Any]) -> str:
     lines.append(f"  shape: hidden {s['hidden_size']}, {s['num_layers']} layer(s), intermediate "
                  f"{s['intermediate_size']}, {attention}, rope_theta {s['rope_theta']}"
                  + (f", rope_scaling {s['rope_scaling']}" if s.get("rope_scaling") else ""))
+    mask = s.get("mask_token_id")
+    lines.append(f"  method: {s['method']}" + ("" if mask is None else f", mask token {mask}"))
     lines.append("  flags: " + ", ".join(f"{k}={s[k]}" for k in ("norm_before_residual", "norm_before_fc",
                                                                    "fc_norm", "norm_output")))
     v = info["vocab"]
