@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ttt import STEPS, VD, V, reference_sums, tiny_batch
+from support.tiny_ttt import VD, V, forward_and_reference, peaked
+from test_ttt import reference_sums
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
 
 from eagle3_train.model.config import DraftConfig
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.mla import MLAAttention, deepseek_config
-from eagle3_train.train.objective import Objective
-from eagle3_train.train.targets import verifier_targets
-from eagle3_train.train.ttt import supervised_counts, ttt_forward
 from eagle3_train.utils.io import Eagle3InputError
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0,
@@ -54,18 +52,8 @@ def test_attention_is_deepseek_v3_attention_on_the_same_weights(q_lora_rank):
 
 def test_ttt_over_mla_reads_what_chain_decoding_reads():
     torch.manual_seed(1)
-    model = Eagle3Draft(mla_config()).eval()
-    model.reset_parameters(std=0.5)
-    ids = torch.tensor((1, 4, 5))
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    model.set_vocab(ids - torch.arange(VD), t2d)
-    batch, lm_head, draft_ids, t2d = tiny_batch(3, on_policy=(0,))
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = supervised_counts(batch.loss_mask, STEPS)
-    with torch.no_grad():
-        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
+    model = peaked(Eagle3Draft(mla_config())).eval()
+    expected, loss, sums, denominators = forward_and_reference(model, reference_sums, 3)
     assert expected[3].sum() > 0  # the draft is right somewhere: the correct counts are compared, not zeros
     torch.testing.assert_close(sums[1:5], expected[1:5], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from support.tiny_ttt import STEPS, tiny_batch, tiny_draft
+from support.tiny_ttt import STEPS, forward_and_reference, peaked, tiny_batch, tiny_draft
 
 from eagle3_train.model.networks import build_draft
 from eagle3_train.train.dflash_blocks import block_anchors, block_counts, block_forward
@@ -26,13 +26,7 @@ MASK = 6
 def tiny_dflash(seed: int = 0):
     torch.manual_seed(seed)
     cfg = dataclasses.replace(tiny_draft(seed).config, method="dflash", mask_token_id=MASK, block_size=STEPS + 1)
-    model = build_draft(cfg)
-    model.reset_parameters(std=0.5)  # peaked predictions
-    ids = torch.tensor((1, 4, 5))
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    model.set_vocab(ids - torch.arange(3), t2d)
-    return model
+    return peaked(build_draft(cfg))
 
 
 def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
@@ -64,13 +58,9 @@ def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
 
 
 def test_training_blocks_are_the_blocks_vllm_drafts():
-    model = tiny_dflash(1).eval()  # seeds 1, 0: some blocks stay right through the last slot
-    batch, lm_head, draft_ids, t2d = tiny_batch(0, on_policy=(0,))
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = block_counts(batch, STEPS)
-    with torch.no_grad():
-        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        loss, sums = block_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
+    # seeds 1, 0: some blocks stay right through the last slot
+    expected, loss, sums, denominators = forward_and_reference(tiny_dflash(1).eval(), reference_sums, 0,
+                                                               block_forward, block_counts)
     assert expected[4, -1] > 0  # blocks right through their last slot
     assert torch.equal(denominators, expected[1])
     torch.testing.assert_close(sums[1:5], expected[1:5], rtol=0, atol=0)

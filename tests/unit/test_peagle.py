@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from support.tiny_ttt import STEPS, V, tiny_batch, tiny_draft
+from support.tiny_ttt import STEPS, V, forward_and_reference, tiny_batch, tiny_draft
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.model.optimizer_groups import muon_parameter_names
@@ -71,13 +71,7 @@ def reference_sums(model, batch, lm_head, draft_ids, t2d) -> torch.Tensor:
 
 
 def test_ttt_steps_are_the_parallel_slots_vllm_drafts():
-    model = tiny_peagle(1).eval()
-    batch, lm_head, draft_ids, t2d = tiny_batch(3, on_policy=(0,))
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = supervised_counts(batch.loss_mask, STEPS)
-    with torch.no_grad():
-        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
+    expected, loss, sums, denominators = forward_and_reference(tiny_peagle(1).eval(), reference_sums, 3)
     assert expected[4, -1] > 0  # some rounds are right through the last slot
     torch.testing.assert_close(sums[1:5], expected[1:5], rtol=0, atol=0)
     torch.testing.assert_close(sums[0], expected[0], rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.tiny_ttt import STEPS, VD, H, V, tiny_batch, tiny_draft  # noqa: F401
+from support.tiny_ttt import STEPS, VD, H, V, forward_and_reference, tiny_batch, tiny_draft  # noqa: F401
 
 from eagle3_train.model.draft import Eagle3Draft
 from eagle3_train.train.data import Batch
@@ -88,12 +88,8 @@ def test_targets_rows_are_the_supervised_next_tokens():
 
 def test_ttt_steps_read_the_targets_chain_decoding_reads():
     model = tiny_draft(1).eval()  # seeds 1, 3: some chains stay right through the last step
-    batch, lm_head, draft_ids, t2d = tiny_batch(3, on_policy=(0,))  # rows 1, 2: data the verifier did not write
-    targets = verifier_targets(batch.final, batch.loss_mask, lm_head, draft_ids, t2d)
-    denominators = supervised_counts(batch.loss_mask, STEPS)
-    with torch.no_grad():
-        expected = reference_sums(model, batch, lm_head, draft_ids, t2d)
-        loss, sums = ttt_forward(model, batch, targets, Objective(STEPS, (1.0,) * STEPS), denominators)
+    # batch rows 1, 2: data the verifier did not write
+    expected, loss, sums, denominators = forward_and_reference(model, reference_sums, 3)
     assert expected[4, -1] > 0 and (expected[2] < expected[1]).all()  # the example has chains and out-of-vocab rows
     assert (expected[5] > expected[4]).any()  # and chains that only the data, not the verifier, would continue
     assert torch.equal(denominators, expected[1])
