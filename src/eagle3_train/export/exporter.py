@@ -99,11 +99,12 @@ def check_roundtrip(model: Eagle3Draft, out_dir: Path, dtype: torch.dtype) -> fl
     k = model.config.block_size - 1 if model.config.block_size else 3
 
     def drafts(draft: Eagle3Draft) -> torch.Tensor:
-        """k drafts' logits from three context lengths, as the engines draft them (the method's own proposal)."""
+        """k drafts' logits from every context length, as the engines draft them (the method's own proposal): the
+        first of each is the logits at that position over the whole context."""
         draft.eval()
         return torch.cat([torch.stack(draft.method.propose(draft, draft.fuse(aux[:, :n]), ids[:, 1:n + 1],
                                                            torch.arange(n)[None], None, k,
-                                                           draft.draft_token_ids())[0]) for n in (4, 9, L - 1)])
+                                                           draft.draft_token_ids())[0]) for n in range(1, L)])
 
     with torch.no_grad():
         a, b = _token_logits(ref, drafts(ref)), _token_logits(again, drafts(again))
@@ -237,8 +238,7 @@ def serve_command(out: Path, fmt: str, verifier: str | None, k: int, trust_remot
     flag = " --trust-remote-code" if trust_remote_code else ""
     if fmt == "speculators":
         return f"vllm serve {out}{flag}"
-    m = draft_method(method)
-    spec = json.dumps({"method": m.vllm_method, "model": str(out), "num_speculative_tokens": k, **m.vllm_options})
+    spec = json.dumps(draft_method(method).speculative_config(str(out), k))
     return f"vllm serve {servable_verifier(verifier) if verifier else 'VERIFIER'} --speculative-config '{spec}'{flag}"
 
 

@@ -107,6 +107,14 @@ class DraftMethod:
         """The config.json keys it adds to an EAGLE-3 layout, in both formats."""
         return {"mask_token_id": cfg.mask_token_id} if self.needs_mask_token else {}
 
+    def block_size_for(self, steps: int) -> int | None:
+        """The block a block method trains with `steps` mask slots (the verified token and the slots); None else."""
+        return steps + 1 if self.block else None
+
+    def speculative_config(self, model: str, k: int) -> dict[str, Any]:
+        """vLLM's `--speculative-config` for a draft of this method at `model`, drafting k tokens."""
+        return {"method": self.vllm_method, "model": model, "num_speculative_tokens": k, **self.vllm_options}
+
     def served_k(self, config: dict[str, Any], k: int) -> int:
         """The num_speculative_tokens to serve an export (its config.json) with, asked for k: a block method's is
         fixed by its block (a non-causal block changes every slot's attention with its size)."""

@@ -83,7 +83,7 @@ def build_meta_draft(verifier_config: dict[str, Any], s: PlanSettings):
                  "head_dim": s.head_dim, "architecture": s.architecture, **(s.mla_dims or {}),
                  # a method drafting from a mask token: any id plans the same shapes
                  "method": s.method, "mask_token_id": 0 if draft_method(s.method).needs_mask_token else None,
-                 "block_size": s.ttt_steps + 1 if draft_method(s.method).block else None}
+                 "block_size": draft_method(s.method).block_size_for(s.ttt_steps)}
     try:
         draft_cfg = DraftConfig.from_verifier(verifier_config, draft_vocab_size=s.draft_vocab,
                                               aux_layer_ids=s.layer_ids, verifier_name=f"verifier {s.verifier}",

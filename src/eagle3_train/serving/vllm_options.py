@@ -31,8 +31,7 @@ def speculative_config(draft_dir: str | os.PathLike, k: int = NUM_SPECULATIVE_TO
         raise Eagle3InputError(f"draft directory {draft} has no config.json")
     config = read_json(draft / "config.json", "draft config")
     m = method_of_config(config)
-    return {"method": m.vllm_method, "model": str(draft.resolve()),
-            "num_speculative_tokens": m.served_k(config, int(k)), **m.vllm_options}
+    return m.speculative_config(str(draft.resolve()), m.served_k(config, int(k)))
 
 
 def server_options(device: str, dtype: str = "auto", enforce_eager: bool | Literal["auto"] = "auto",

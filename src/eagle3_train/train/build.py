@@ -29,7 +29,7 @@ def build_model(cfg: TrainConfig, inputs: RunInputs, overrides: dict[str, Any] |
         norm_output=cfg.norm_output, architecture=cfg.architecture, hidden_size=cfg.hidden_size, method=cfg.method,
         mask_token_id=run_mask_token(cfg, inputs),
         # a block method drafts ttt_steps mask slots after the verified token
-        block_size=cfg.ttt_steps + 1 if draft_method(cfg.method).block else None)
+        block_size=draft_method(cfg.method).block_size_for(cfg.ttt_steps))
     if overrides:
         draft_cfg = dataclasses.replace(draft_cfg, **overrides)
     draft_cfg.verifier["name_or_path"] = inputs.verifier.name
