@@ -197,3 +197,29 @@ def test_training_on_stored_stats_gives_the_loss_curve_of_the_full_pass(tiny_sta
     for a, b in zip(curves["stats"], curves["old"]):
         torch.testing.assert_close(torch.tensor(a[2:4]), torch.tensor(b[2:4]), rtol=1e-4, atol=1e-5)
         assert a[4] == pytest.approx(b[4], abs=1e-6)
+
+
+def test_a_bf16_verifier_stores_the_argmax_its_own_bf16_head_takes(tmp_path, tiny):
+    """Extract in bf16 keeps the lm_head in bf16: the stored argmax is the one the verifier (and a bf16 server)
+    takes from the stored final state, not a float32 recomputation that disagrees on near-ties."""
+    from transformers import AutoModelForCausalLM
+
+    verifier, prepared = tiny
+    manifest = extract(prepared, verifier, tmp_path / "hs", layer_ids=(0, 2, 3), dtype="bfloat16", device="cpu",
+                       token_budget=64, shard_tokens=60, compute_dtype="bfloat16")
+    assert manifest["verifier_stats"]["lm_head_dtype"] == "bfloat16"
+    head = AutoModelForCausalLM.from_pretrained(verifier, dtype=torch.bfloat16).get_output_embeddings()
+    same = total = 0
+    own_gap = fp32_gap = 0.0  # |stored logsumexp - the bf16 head's| and |... - a float32 head's|
+    for split in MIXED:
+        reader = HiddenStatesReader(tmp_path / "hs", split)
+        for i in reader.sample_indices:
+            got = reader.load(i)
+            with torch.no_grad():
+                own = head(got["final"].bfloat16()).float()
+            same += int((got["verifier_argmax"] == own.argmax(-1)).sum())
+            total += got["verifier_argmax"].numel()
+            own_gap = max(own_gap, float((got["verifier_lse"] - torch.logsumexp(own, -1)).abs().max()))
+            fp32_lse = direct_stats(got["final"], head.weight)[1]
+            fp32_gap = max(fp32_gap, float((got["verifier_lse"] - fp32_lse).abs().max()))
+    assert own_gap < 1e-6 < fp32_gap, (own_gap, fp32_gap)  # the test tells the two heads apart

@@ -3,8 +3,8 @@
 Only the base model runs (no full-vocab logits kept, no `output_hidden_states`): forward pre-hooks (`AuxCapture`,
 `layers.py`) keep the unpadded rows of the tapped layer inputs, and the base model's output is the final-norm state
 (`run_batch`: one right-padded forward). The verifier's full-vocabulary argmax and logsumexp per token come from
-`model.verifier_head.full_vocab_stats` with the lm_head in float32 and the verifier's logit transform (`.stats`,
-applied by extract to the final state as stored).
+`model.verifier_head.full_vocab_stats` with the lm_head in the dtype the verifier computes in and its logit transform
+(`.stats`, applied by extract to the final state as stored).
 
 Python API: `HFHiddenStates(verifier_dir, layer_ids, store_dtype, text_config, device=..., compute_dtype=...,
 trust_remote_code=...)`: `.open() -> dict` (loads the model; the manifest's `verifier_stats` record),
@@ -29,6 +29,7 @@ from eagle3_train.settings import Dtype
 from eagle3_train.utils.io import Eagle3InputError
 
 log = logging.getLogger(__name__)
+_CPU_STATS_ROWS = 128  # rows of full-vocabulary logits per chunk on a CPU (see HFHiddenStates._stats_fn)
 
 DTYPES = typing.get_args(Dtype)
 
@@ -125,21 +126,27 @@ class HFHiddenStates:
         return self._run(seqs)
 
     def _stats_fn(self, model):
-        """The full-vocab stats function (float32 lm_head, the verifier's logit transform) and its manifest record."""
+        """The full-vocab stats function (the verifier's lm_head and logit transform) and its manifest record.
+
+        The lm_head stays in the verifier's compute dtype: in bf16 its argmax is the one the verifier itself takes
+        (a float32 head disagreed on near-ties), and that matmul is half the cost of a float32 one. On a CPU the
+        logits are made 128 rows at a time, which keeps a chunk (25 MB at a 49K vocabulary) in cache: 2.2 s per
+        8,192 tokens against 3.0 at 1,024 rows and 4.9 in float32 (benchmarks/LOG.md)."""
         from eagle3_train.model.verifier_head import full_vocab_stats, logit_transform
 
         head = model.get_output_embeddings()
         if head is None:
             raise Eagle3InputError(f"verifier {self.verifier_path}: its model class has no output embeddings "
                                    f"(lm_head) to compute the full-vocabulary stats with")
-        weight = head.weight.detach().float()  # no copy when the verifier runs in float32
+        weight = head.weight.detach()
         transform = logit_transform(self.verifier_path)
         if transform.bias is not None:
             transform.bias = transform.bias.to(weight.device)
         record = {"vocab_size": int(weight.shape[0]), "tensors": "verifier_argmax [N] int32, verifier_lse [N] "
                   "float32: argmax and logsumexp of the verifier's full-vocabulary logits of the stored final state",
-                  "transform": transform.describe()}
-        return partial(full_vocab_stats, lm_head=weight, transform=transform), record
+                  "lm_head_dtype": str(weight.dtype).removeprefix("torch."), "transform": transform.describe()}
+        chunk = _CPU_STATS_ROWS if weight.device.type == "cpu" else 1024
+        return partial(full_vocab_stats, lm_head=weight, transform=transform, chunk=chunk), record
 
     def close(self) -> None:
         if self.capture is not None:
