@@ -1,12 +1,12 @@
-"""Recipe variants on one run's data, judged by vLLM: EAGLE-3 vs EAGLE 3.1 vs speculators' norm set, AdamW vs Muon,
-and the draft methods (EAGLE-3 vs P-EAGLE vs DFlash: `--variant peagle:method=peagle --variant dflash:method=dflash`).
+"""Recipe variants on one run's data, judged by vLLM: EAGLE-3 vs EAGLE 3.1 vs speculators' norm set, AdamW vs Muon, and
+the draft methods (EAGLE-3 vs P-EAGLE vs DFlash: `--variant peagle:method=peagle --variant dflash:method=dflash`).
 
 Every variant trains on the prepared data, vocabulary and hidden states of a finished `eagle3-train run` (the main
-job's, by default), with that run's train settings plus the variant's overrides, and is served beside the verifier
-on held-out prompts (MT-bench first turns at T 0 and T 1 by default; HumanEval with --measures). Two variants train
-at a time, one thread each (2 cores); the servers run one at a time afterwards, in the run's serving dtype, each
-draft exported in the EAGLE format (DFlash's z-lab layout) and served beside the verifier with the
-`--speculative-config` our tools write (P-EAGLE: parallel drafting; DFlash: vLLM's dflash method).
+job's, by default), with that run's train settings plus the variant's overrides, and is served beside the verifier on
+held-out prompts (MT-bench first turns at T 0 and T 1 by default; HumanEval with --measures). Two variants train at a
+time, one thread each on 2 cores (`--parallel 1`: one on both); the servers run one at a time afterwards, in the
+run's serving dtype, each draft exported in the EAGLE format (DFlash's z-lab layout) and served beside the verifier
+with the `--speculative-config` our tools write (P-EAGLE: parallel drafting; DFlash: vLLM's dflash method).
 
   .venv/bin/python benchmarks/recipe_variants.py --run /tmp/mj/runs/smollm2-sharegpt \\
       --variant plain-adamw:optimizer=adamw,fc_norm=false,norm_output=false --variant ...
@@ -50,8 +50,9 @@ def train_command(run: Path, out: Path, overrides: list[str]) -> list[str]:
 
 
 def train_all(run: Path, work: Path, variants: dict[str, list[str]], parallel: int) -> dict[str, float]:
-    """Train the variants, `parallel` at a time with one thread each; returns each one's wall seconds."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "EAGLE3_TRAIN_NO_PROGRESS": "1"}
+    """Train the variants, `parallel` at a time with the cores split between them; returns each one's wall seconds."""
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "EAGLE3_TRAIN_NO_PROGRESS": "1"}
     pending, running, took = list(variants.items()), {}, {}
     while pending or running:
         while pending and len(running) < parallel:
@@ -80,7 +81,7 @@ def main() -> None:
     p.add_argument("--variant", action="append", required=True, metavar="LABEL[:KEY=VALUE,...]")
     p.add_argument("--work", type=Path, default=HERE / "out" / "recipe_variants")
     p.add_argument("--results", type=Path, default=HERE / "out" / "recipe_variants.json")
-    p.add_argument("--parallel", type=int, default=2, help="trainings at a time (one thread each)")
+    p.add_argument("--parallel", type=int, default=2, help="trainings at a time (the cores split between them)")
     p.add_argument("--measures", default="mtbench_t0,mtbench_t1",
                    help=f"comma-separated: {', '.join(m[0] for m in MEASURES)}")
     p.add_argument("--num-prompts", type=int, default=80)
