@@ -145,8 +145,8 @@ class HFHiddenStates:
         record = {"vocab_size": int(weight.shape[0]), "tensors": "verifier_argmax [N] int32, verifier_lse [N] "
                   "float32: argmax and logsumexp of the verifier's full-vocabulary logits of the stored final state",
                   "lm_head_dtype": str(weight.dtype).removeprefix("torch."), "transform": transform.describe()}
-        chunk = _CPU_STATS_ROWS if weight.device.type == "cpu" else 1024
-        return partial(full_vocab_stats, lm_head=weight, transform=transform, chunk=chunk), record
+        rows = {"chunk": _CPU_STATS_ROWS} if weight.device.type == "cpu" else {}  # else full_vocab_stats' default
+        return partial(full_vocab_stats, lm_head=weight, transform=transform, **rows), record
 
     def close(self) -> None:
         if self.capture is not None:
