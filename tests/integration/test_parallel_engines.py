@@ -154,7 +154,7 @@ for p, q in zip(sharded, whole):
     assert torch.equal(p.full_tensor(), q.detach()), (p.full_tensor() - q).abs().max()
 print("EQUAL", flush=True)
 # FSDP's module and the DTensors hold the group: dropped before it is destroyed, as Trainer.release does (left to
-# the interpreter's exit, gloo aborted with "terminate called ..." in 5-7 of 40 runs on a loaded host; 0 of 40 so)
+# the interpreter's exit, gloo aborted with "terminate called ..." in 5-7 of 40 runs on a loaded host; 0 of 80 so)
 del sharded, opt_s, p
 import gc; gc.collect()
 dist.destroy_process_group()

@@ -217,6 +217,7 @@ def test_a_bf16_verifier_stores_the_argmax_its_own_bf16_head_takes(tmp_path, tin
             got = reader.load(i)
             with torch.no_grad():
                 own = head(got["final"].bfloat16()).float()
+                fp32_lse = direct_stats(got["final"], head.weight)[1]
             # another row count may order the float32 accumulation otherwise, moving a logit by one bf16 step:
             # only positions whose top two logits lie further apart than that must agree
             top2 = own.topk(2, -1).values
@@ -224,7 +225,6 @@ def test_a_bf16_verifier_stores_the_argmax_its_own_bf16_head_takes(tmp_path, tin
             same += int(((got["verifier_argmax"] == own.argmax(-1)) | ~clear).sum())
             total += got["verifier_argmax"].numel()
             own_gap = max(own_gap, float((got["verifier_lse"] - torch.logsumexp(own, -1)).abs().max()))
-            fp32_lse = direct_stats(got["final"], head.weight)[1]
             fp32_gap = max(fp32_gap, float((got["verifier_lse"] - fp32_lse).abs().max()))
     # one-step moves change a logsumexp by ~1e-6 here; a float32 head's differs ~40x more (3.9e-5 on this model)
     assert own_gap < fp32_gap / 4, (own_gap, fp32_gap)
