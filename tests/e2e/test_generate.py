@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.gated_proxy import GatedProxy
 from support.vllm_helpers import require_vllm, shared_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -151,17 +152,22 @@ def test_generate_survives_kill_9_and_resumes_without_duplicates_or_gaps(servers
     src = tmp_path / "source.jsonl"
     rows = _source(src)
     out = tmp_path / "gen"
-    cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(src), "--endpoint", plain.base_url,
+    # the killed run goes through a proxy that answers 4 turns and holds the rest: it cannot finish before the kill
+    gate = GatedProxy(plain.root_url, allow=4)
+    cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(src), "--endpoint", gate.url,
            "--model", MODEL, "--out", str(out), "--concurrency", "2", "--max-tokens", "24", "--temperature", "0"]
     env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while _lines(out / "conversations.jsonl") < 2:
-        assert proc.poll() is None, proc.stdout.read().decode()
-        assert time.monotonic() < deadline, "no output after 600 s"
-        time.sleep(0.1)
-    proc.kill()  # SIGKILL: no cleanup at all
-    proc.wait()
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while not gate.held or _lines(out / "conversations.jsonl") < 2:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "no output after 600 s"
+            time.sleep(0.1)
+        proc.kill()  # SIGKILL: no cleanup at all
+        proc.wait()
+    finally:
+        gate.close()
     before = _lines(out / "conversations.jsonl") + _lines(out / "skipped.jsonl")
     assert before < len(rows), "the run finished before it could be killed; make the source longer"
     with open(out / "conversations.jsonl", "ab") as f:

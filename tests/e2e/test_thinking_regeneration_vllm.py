@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from support.gated_proxy import GatedProxy
 from support.vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
@@ -101,21 +102,28 @@ def regenerated(tmp_path_factory, smollm2_dir):
                                                                  "kimi_k2"],
                     log_path=root / "vllm.log") as srv:
         cmd = [sys.executable, "-m", "eagle3_train.cli", "generate", "--data", str(source), "--out", str(out),
-               "--endpoint", srv.base_url, "--concurrency", "1", "--max-tokens", "64", "--seed", "0"]
+               "--concurrency", "1", "--max-tokens", "64", "--seed", "0"]
         env = {**os.environ, "EAGLE3_TRAIN_NO_PROGRESS": "1"}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        written = out / "conversations.jsonl"
-        deadline = time.monotonic() + 600
-        while proc.poll() is None and time.monotonic() < deadline:
-            if written.is_file() and written.read_bytes().count(b"\n") >= 2:
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "generate ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+        # the killed run goes through a proxy that answers 4 turns (two conversations at least) and holds the next
+        gate = GatedProxy(srv.root_url, allow=4)
+        try:
+            proc = subprocess.Popen(cmd + ["--endpoint", gate.url], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+            written = out / "conversations.jsonl"
+            deadline = time.monotonic() + 600
+            while proc.poll() is None and time.monotonic() < deadline:
+                if gate.held and written.is_file() and written.read_bytes().count(b"\n") >= 2:
+                    break
+                time.sleep(0.05)
+            assert proc.poll() is None, "generate ended before it was killed: " + proc.stderr.read().decode()[-2000:]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stderr.close()
+        finally:
+            gate.close()
         at_kill = written.read_bytes().count(b"\n")
-        rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        rerun = subprocess.run(cmd + ["--endpoint", srv.base_url], env=env, capture_output=True, text=True,
+                               timeout=900)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
     prepare(out, verifier, root / "prepared", max_length=512, val_count=0, trust_remote_code=True)
     return {"root": root, "verifier": verifier, "out": out, "taught": taught, "at_kill": at_kill}
