@@ -3,7 +3,6 @@ vLLM server serving SmolLM2 (tests marked `vllm`)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -12,16 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from support.gated_proxy import GatedProxy
+from support.proxies import FlakyProxy, GatedProxy
 from support.vllm_helpers import require_vllm, shared_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from reliability_campaign import FakeServer  # noqa: E402
 
 from eagle3_train.generate.conversation import request_seed
 from eagle3_train.generate.journal import AppendLog, recover_jsonl
 from eagle3_train.generate.regenerate import regenerate
 from eagle3_train.utils.io import Eagle3InputError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # reliability_campaign's FakeServer
 
 MODEL = "smollm2"  # served name used by the shared test servers
 
@@ -102,36 +100,6 @@ def _source(path: Path) -> list[dict]:
     rows.append({"id": "no-user", "conversations": [{"from": "gpt", "value": "orphan answer"}]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
-
-
-class FlakyProxy(FakeServer):
-    """Forwards to a real server but answers 503 to the first chat request and every third after it (to exercise
-    retries). Failing the first one makes the test independent of how much the killed run had already done: the
-    least-busy pool sends the resumed run's first request to this endpoint. Started and stopped as the reliability
-    campaign's servers are."""
-
-    def __init__(self, target_root: str) -> None:
-        import aiohttp
-        from aiohttp import web
-
-        self.target, self.count, self.failed = target_root, 0, 0
-        self.loop = asyncio.new_event_loop()
-
-        async def handle(request: web.Request) -> web.Response:
-            body = await request.read()
-            if request.path.endswith("/chat/completions"):
-                self.count += 1
-                if self.count % 3 == 1:
-                    self.failed += 1
-                    return web.json_response({"error": {"message": "overloaded", "code": 503}}, status=503)
-            async with aiohttp.ClientSession() as s, s.request(request.method, self.target + request.path_qs,
-                                                               data=body, headers={"content-type": "application/json"}
-                                                               ) as r:
-                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
-
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        self._start(app)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from support.gated_proxy import GatedProxy
+from support.proxies import GatedProxy
 from support.vllm_helpers import draft_beside_mla, require_vllm
 
 from eagle3_train.assets.conversation_records import REGENERATED, TOKEN_IDS
