@@ -71,6 +71,9 @@ class GatedProxy(ForwardingProxy):
 
 
 class FlakyProxy(ForwardingProxy):
+    """Failing the first chat request makes a resume test independent of how much the killed run had done: the
+    least-busy pool sends the resumed run's first request to this endpoint."""
+
     def __init__(self, target_root: str) -> None:
         self.count = self.failed = 0
         super().__init__(target_root)
